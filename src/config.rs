@@ -1,0 +1,104 @@
+//! The knobs of a DeepNVMe handle, with DeepSpeed's defaults and meanings.
+
+use crate::engine::EngineKind;
+use crate::error::{Error, Result};
+
+/// DeepSpeed's O_DIRECT alignment unit, used by `get_alignment()`.
+pub const O_DIRECT_ALIGNMENT: usize = 512;
+
+/// `aio_handle(block_size, queue_depth, single_submit, overlap_events,
+/// intra_op_parallelism)` and how the bytes are moved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandleConfig {
+    /// Bytes per I/O request.
+    pub block_size: usize,
+    /// Requests in flight per worker.
+    pub queue_depth: usize,
+    /// One submit syscall per request instead of one per batch.
+    pub single_submit: bool,
+    /// Keep the queue topped up instead of submit-batch-then-wait.
+    pub overlap_events: bool,
+    /// Worker threads; each op is split into this many slices.
+    pub intra_op_parallelism: usize,
+    /// Forces an engine for this handle; `None` takes the process default
+    /// (`DEEPNVME_ENGINE`, else io_uring when it works, else psync).
+    pub engine: Option<EngineKind>,
+}
+
+impl Default for HandleConfig {
+    fn default() -> Self {
+        HandleConfig {
+            block_size: 1 << 20,
+            queue_depth: 128,
+            single_submit: false,
+            overlap_events: false,
+            intra_op_parallelism: 1,
+            engine: None,
+        }
+    }
+}
+
+impl HandleConfig {
+    /// Builds a config from the values DeepSpeed passes (C `int`s), refusing
+    /// the ones that cannot work instead of misbehaving later.
+    pub fn from_deepspeed(
+        block_size: i64,
+        queue_depth: i64,
+        single_submit: bool,
+        overlap_events: bool,
+        intra_op_parallelism: i64,
+    ) -> Result<Self> {
+        let positive = |name: &str, v: i64| -> Result<usize> {
+            if v <= 0 {
+                Err(Error::InvalidArgument(format!("{name} must be positive, got {v}")))
+            } else {
+                Ok(v as usize)
+            }
+        };
+        let cfg = HandleConfig {
+            block_size: positive("block_size", block_size)?,
+            queue_depth: positive("queue_depth", queue_depth)?,
+            single_submit,
+            overlap_events,
+            intra_op_parallelism: positive("intra_op_parallelism", intra_op_parallelism)?,
+            engine: None,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.block_size == 0 || self.queue_depth == 0 || self.intra_op_parallelism == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "block_size, queue_depth and intra_op_parallelism must be positive: {self:?}"
+            )));
+        }
+        if self.queue_depth > 32768 {
+            return Err(Error::InvalidArgument(format!(
+                "queue_depth {} is above io_uring's limit of 32768",
+                self.queue_depth
+            )));
+        }
+        if self.intra_op_parallelism > 1024 {
+            return Err(Error::InvalidArgument(format!(
+                "intra_op_parallelism {} is more threads than is sensible (max 1024)",
+                self.intra_op_parallelism
+            )));
+        }
+        Ok(())
+    }
+
+    /// `get_alignment()`: `intra_op_parallelism * 512`, as DeepSpeed reports it.
+    pub fn alignment(&self) -> usize {
+        self.intra_op_parallelism * O_DIRECT_ALIGNMENT
+    }
+
+    pub fn transfer_knobs(&self) -> crate::engine::Knobs {
+        crate::engine::Knobs {
+            block_size: self.block_size,
+            queue_depth: self.queue_depth,
+            single_submit: self.single_submit,
+            overlap_events: self.overlap_events,
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Transfer engines: they move a list of contiguous (fd, file offset, memory,
+//! length) segments in `block_size` pieces with at most `queue_depth` in
+//! flight, check every completion, resubmit the rest of a short transfer,
+//! retry EINTR/EAGAIN, and turn any other failure into a [`TransferError`]
+//! that carries the errno, offset and length.
+//!
+//! Two engines pass the same tests:
+//! * [`uring`]: io_uring (the default where the kernel allows it);
+//! * [`psync`]: pread/pwrite on threads, for kernels or sandboxes where
+//!   io_uring is blocked (Docker's default seccomp answers EPERM, ENOSYS on
+//!   old kernels, `kernel.io_uring_disabled`).
+//!
+//! The choice is made once per process ([`default_kind`]) and logged once;
+//! `DEEPNVME_ENGINE=uring|psync` forces it.
+
+pub mod psync;
+pub mod uring;
+
+use std::os::fd::RawFd;
+use std::sync::OnceLock;
+
+use crate::error::{Direction, Error, Result, TransferError};
+
+/// One contiguous range to move. The memory must stay valid, and must not be
+/// touched by anyone else, until the engine's `run` returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub fd: RawFd,
+    pub file_offset: u64,
+    pub addr: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: a Segment is a description; the op that owns the memory keeps it
+// alive and unaliased while engines on other threads move its bytes.
+unsafe impl Send for Segment {}
+unsafe impl Sync for Segment {}
+
+/// How to move the bytes (the handle's knobs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Knobs {
+    pub block_size: usize,
+    pub queue_depth: usize,
+    pub single_submit: bool,
+    pub overlap_events: bool,
+}
+
+/// A piece of a segment still to be moved.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Piece {
+    pub fd: RawFd,
+    pub file_offset: u64,
+    pub addr: *mut u8,
+    pub len: usize,
+    /// Bytes of this piece already moved (by short transfers).
+    pub done: usize,
+}
+
+// SAFETY: as for Segment: the owning op keeps the memory alive and unaliased.
+unsafe impl Send for Piece {}
+unsafe impl Sync for Piece {}
+
+impl Piece {
+    pub fn remaining(&self) -> usize {
+        self.len - self.done
+    }
+    pub fn cur_offset(&self) -> u64 {
+        self.file_offset + self.done as u64
+    }
+    pub fn cur_addr(&self) -> *mut u8 {
+        // SAFETY: done <= len, so this stays inside the segment.
+        unsafe { self.addr.add(self.done) }
+    }
+    pub fn error(&self, direction: Direction, errno: i32, detail: Option<String>) -> TransferError {
+        TransferError {
+            direction,
+            path: None,
+            fd: self.fd,
+            file_offset: self.cur_offset(),
+            len: self.remaining(),
+            errno,
+            detail,
+        }
+    }
+
+    /// Applies one completion result (`res` as the kernel returns it: bytes
+    /// moved, or a negative errno). Returns `Ok(true)` when the piece is done,
+    /// `Ok(false)` when the remainder must be submitted again.
+    pub fn complete(&mut self, direction: Direction, res: i64) -> std::result::Result<bool, TransferError> {
+        if res < 0 {
+            let errno = (-res) as i32;
+            if errno == libc::EINTR || errno == libc::EAGAIN {
+                return Ok(false);
+            }
+            return Err(self.error(direction, errno, None));
+        }
+        if res == 0 {
+            let (errno, what) = match direction {
+                Direction::Read => (libc::ENODATA, "unexpected end of file"),
+                Direction::Write => (libc::EIO, "the device accepted no bytes"),
+            };
+            let detail = format!("{what} after {} of {} bytes of this block", self.done, self.len);
+            return Err(self.error(direction, errno, Some(detail)));
+        }
+        let res = res as usize;
+        if res > self.remaining() {
+            return Err(self.error(direction, libc::EIO, Some(format!("kernel reported {res} bytes, more than asked"))));
+        }
+        self.done += res;
+        Ok(self.done == self.len)
+    }
+}
+
+/// Cuts segments into block-sized pieces, in order.
+pub(crate) fn pieces(segments: &[Segment], block_size: usize) -> impl Iterator<Item = Piece> + '_ {
+    let block = block_size.max(1);
+    segments.iter().flat_map(move |s| {
+        let n = s.len.div_ceil(block);
+        (0..n).map(move |i| {
+            let off = i * block;
+            Piece {
+                fd: s.fd,
+                file_offset: s.file_offset + off as u64,
+                // SAFETY: off < s.len, inside the segment.
+                addr: unsafe { s.addr.add(off) },
+                len: block.min(s.len - off),
+                done: 0,
+            }
+        })
+    })
+}
+
+/// Which engine a handle uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    Uring,
+    Psync,
+}
+
+impl EngineKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Uring => "io_uring",
+            EngineKind::Psync => "psync",
+        }
+    }
+    pub fn parse(s: &str) -> Option<EngineKind> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "uring" | "io_uring" | "iouring" => Some(EngineKind::Uring),
+            "psync" | "pread" | "threads" => Some(EngineKind::Psync),
+            _ => None,
+        }
+    }
+}
+
+/// Moves bytes. One engine belongs to one thread at a time.
+pub trait Engine: Send {
+    fn kind(&self) -> EngineKind;
+    /// Moves every segment; returns only when nothing is in flight.
+    fn run(&mut self, direction: Direction, segments: &[Segment], knobs: &Knobs) -> std::result::Result<(), TransferError>;
+}
+
+/// Creates an engine able to keep `queue_depth` requests in flight.
+pub fn create(kind: EngineKind, queue_depth: usize) -> Result<Box<dyn Engine>> {
+    match kind {
+        EngineKind::Uring => Ok(Box::new(uring::UringEngine::new(queue_depth)?)),
+        EngineKind::Psync => Ok(Box::new(psync::PsyncEngine::new(queue_depth))),
+    }
+}
+
+/// Whether io_uring works here: `Err` carries the reason (with errno).
+pub fn io_uring_status() -> std::result::Result<(), String> {
+    static STATUS: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    STATUS.get_or_init(uring::probe).clone()
+}
+
+/// The engine this process uses unless a handle asks for another:
+/// `DEEPNVME_ENGINE` when set, else io_uring when it works, else psync.
+/// The choice is logged once, on stderr, when it is not io_uring.
+pub fn default_kind() -> Result<EngineKind> {
+    static CHOICE: OnceLock<std::result::Result<EngineKind, String>> = OnceLock::new();
+    CHOICE
+        .get_or_init(|| match std::env::var("DEEPNVME_ENGINE") {
+            Ok(v) if !v.trim().is_empty() => match EngineKind::parse(&v) {
+                Some(EngineKind::Uring) => match io_uring_status() {
+                    Ok(()) => Ok(EngineKind::Uring),
+                    Err(why) => Err(format!("DEEPNVME_ENGINE=uring but io_uring is unavailable: {why}")),
+                },
+                Some(EngineKind::Psync) => {
+                    crate::log::info_once("engine", "using the psync engine (DEEPNVME_ENGINE=psync)");
+                    Ok(EngineKind::Psync)
+                }
+                None => Err(format!("DEEPNVME_ENGINE={v:?} is not one of uring, psync")),
+            },
+            _ => match io_uring_status() {
+                Ok(()) => Ok(EngineKind::Uring),
+                Err(why) => {
+                    crate::log::info_once(
+                        "engine",
+                        &format!("io_uring is unavailable ({why}); using the psync (pread/pwrite threads) engine"),
+                    );
+                    Ok(EngineKind::Psync)
+                }
+            },
+        })
+        .clone()
+        .map_err(Error::Engine)
+}
+
+/// Moves `len` bytes at `file_offset` synchronously with plain
+/// pread/pwrite, retrying EINTR/EAGAIN and short transfers. Used for the
+/// small unaligned edges and by the psync engine.
+pub(crate) fn move_piece_blocking(direction: Direction, piece: &mut Piece) -> std::result::Result<(), TransferError> {
+    while piece.remaining() > 0 {
+        // SAFETY: the piece describes memory its owner keeps valid.
+        let res = unsafe {
+            match direction {
+                Direction::Read => libc::pread(
+                    piece.fd,
+                    piece.cur_addr() as *mut libc::c_void,
+                    piece.remaining(),
+                    piece.cur_offset() as libc::off_t,
+                ),
+                Direction::Write => libc::pwrite(
+                    piece.fd,
+                    piece.cur_addr() as *const libc::c_void,
+                    piece.remaining(),
+                    piece.cur_offset() as libc::off_t,
+                ),
+            }
+        };
+        let res = if res < 0 { -(crate::error::last_errno() as i64) } else { res as i64 };
+        piece.complete(direction, res)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! Errors of the core. Every I/O failure names the file, the offset, the
+//! length and the errno, so that a message that reaches a DeepSpeed user says
+//! what went wrong and where, never just "failed".
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+/// Which way bytes move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// File to memory.
+    Read,
+    /// Memory to file.
+    Write,
+}
+
+impl Direction {
+    pub fn verb(self) -> &'static str {
+        match self {
+            Direction::Read => "read",
+            Direction::Write => "write",
+        }
+    }
+}
+
+/// What a failed transfer was doing: enough to find the bad bytes again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransferError {
+    pub direction: Direction,
+    /// The file, where the op knows it (an op on a caller's fd has none).
+    pub path: Option<PathBuf>,
+    pub fd: i32,
+    pub file_offset: u64,
+    pub len: usize,
+    /// A positive errno. `ENODATA` marks an unexpected end of file.
+    pub errno: i32,
+    /// Extra context, such as "end of file after 512 of 4096 bytes".
+    pub detail: Option<String>,
+}
+
+impl TransferError {
+    pub fn with_path(mut self, path: Option<PathBuf>) -> Self {
+        if self.path.is_none() {
+            self.path = path;
+        }
+        self
+    }
+}
+
+impl fmt::Display for TransferError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let target = match &self.path {
+            Some(p) => format!("{}", p.display()),
+            None => format!("fd {}", self.fd),
+        };
+        write!(
+            f,
+            "{} of {} bytes at offset {} of {} failed: {} (errno {})",
+            self.direction.verb(),
+            self.len,
+            self.file_offset,
+            target,
+            io::Error::from_raw_os_error(self.errno),
+            self.errno
+        )?;
+        if let Some(d) = &self.detail {
+            write!(f, "; {d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The error type of the whole core.
+#[derive(Debug)]
+pub enum Error {
+    /// A transfer (or part of one) failed.
+    Transfer(TransferError),
+    /// Opening, stat-ing or re-opening a file failed.
+    File { path: PathBuf, action: &'static str, source: io::Error },
+    /// Locking memory failed; carries the size and the RLIMIT_MEMLOCK values.
+    Lock { bytes: usize, errno: i32, limit_soft: u64, limit_hard: u64 },
+    /// Allocating memory failed.
+    Alloc { bytes: usize, source: io::Error },
+    /// The request is not valid (sizes, offsets, knobs).
+    InvalidArgument(String),
+    /// An engine (io_uring, threads) could not be set up.
+    Engine(String),
+    /// A copy between a caller buffer and a bounce buffer failed (torch glue).
+    Copy(String),
+    /// GPUDirect Storage (cuFile/CUDA) failure or absence.
+    Gds(String),
+    /// Several ops failed in one `wait()`; the first is shown, the rest counted.
+    Many { first: Box<Error>, more: usize },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn fmt_limit(v: u64) -> String {
+    if v == libc::RLIM_INFINITY as u64 {
+        "unlimited".to_string()
+    } else {
+        format!("{v} bytes")
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Transfer(t) => write!(f, "{t}"),
+            Error::File { path, action, source } => write!(
+                f,
+                "{action} {} failed: {source} (errno {})",
+                path.display(),
+                source.raw_os_error().unwrap_or(0)
+            ),
+            Error::Lock { bytes, errno, limit_soft, limit_hard } => write!(
+                f,
+                "mlock of {bytes} bytes failed: {} (errno {errno}); RLIMIT_MEMLOCK is {} (hard {}). \
+                 Raise it (ulimit -l, or memlock in /etc/security/limits.conf) or lock less memory",
+                io::Error::from_raw_os_error(*errno),
+                fmt_limit(*limit_soft),
+                fmt_limit(*limit_hard)
+            ),
+            Error::Alloc { bytes, source } => write!(f, "allocating {bytes} bytes failed: {source}"),
+            Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
+            Error::Engine(m) => write!(f, "I/O engine: {m}"),
+            Error::Copy(m) => write!(f, "buffer copy failed: {m}"),
+            Error::Gds(m) => write!(f, "GPUDirect Storage: {m}"),
+            Error::Many { first, more } => write!(f, "{first} (and {more} more failed ops)"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<TransferError> for Error {
+    fn from(t: TransferError) -> Self {
+        Error::Transfer(t)
+    }
+}
+
+/// The calling thread's errno.
+pub(crate) fn last_errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}

@@ -1,0 +1,267 @@
+//! Opening the files an op moves bytes to or from, and learning what
+//! O_DIRECT needs from them.
+//!
+//! DeepSpeed opens with `O_DIRECT` (read: `O_RDONLY`; write:
+//! `O_WRONLY|O_CREAT`, mode 0600, no `O_TRUNC`, so a write at an offset keeps
+//! the rest of the file). O_DIRECT only accepts offsets, lengths and buffer
+//! addresses aligned to what the file system reports (`statx`
+//! `STATX_DIOALIGN`); the C++ ignored that and silently wrote nothing. Here an
+//! op also gets a second, buffered descriptor for the parts that cannot go
+//! direct: unaligned heads and tails, misaligned buffers, and file systems
+//! without O_DIRECT at all.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Direction, Error, Result};
+
+/// What O_DIRECT requires of a file: offsets and lengths must be multiples of
+/// `offset`, buffer addresses multiples of `memory`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DioAlignment {
+    pub offset: usize,
+    pub memory: usize,
+}
+
+/// Used when the kernel does not report `STATX_DIOALIGN`: 4 KiB satisfies
+/// every common logical block size (512 and 4096).
+pub const CONSERVATIVE_DIO_ALIGNMENT: DioAlignment = DioAlignment { offset: 4096, memory: 4096 };
+
+/// Where an op's bytes go.
+#[derive(Clone, Copy, Debug)]
+pub enum FileTarget<'a> {
+    /// A file the op opens, and closes when it finishes.
+    Path(&'a Path),
+    /// A descriptor the caller owns; the op never closes it.
+    Fd(RawFd),
+}
+
+/// The descriptors of one op.
+#[derive(Debug)]
+pub struct OpenFile {
+    path: Option<PathBuf>,
+    /// Opened with O_DIRECT; `None` when the file system refused it.
+    direct_fd: Option<RawFd>,
+    /// Without O_DIRECT, for what cannot go direct. Opened on demand by
+    /// [`OpenFile::buffered_fd`] (before any worker runs).
+    buffered_fd: Option<RawFd>,
+    /// The descriptor the op was given or opened first.
+    origin_fd: RawFd,
+    /// Descriptors this op opened, closed on drop.
+    owned: Vec<RawFd>,
+    dio: Option<DioAlignment>,
+    direction: Direction,
+}
+
+fn cpath(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        Error::InvalidArgument(format!("file name {:?} contains a NUL byte", path.display()))
+    })
+}
+
+fn open_raw(path: &Path, flags: i32, mode: libc::mode_t) -> io::Result<RawFd> {
+    let c = cpath(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    loop {
+        // SAFETY: `c` is a valid C string.
+        let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
+        if fd >= 0 {
+            return Ok(fd);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// The O_DIRECT alignment of an open file; `None` when the file system says
+/// it has no direct I/O.
+pub fn dio_alignment(fd: RawFd) -> Option<DioAlignment> {
+    // SAFETY: statx fills a zeroed struct; the empty path with AT_EMPTY_PATH
+    // refers to `fd` itself.
+    unsafe {
+        let mut stx: libc::statx = std::mem::zeroed();
+        let empty = b"\0";
+        let rc = libc::statx(
+            fd,
+            empty.as_ptr() as *const libc::c_char,
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        );
+        if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+            return Some(CONSERVATIVE_DIO_ALIGNMENT);
+        }
+        if stx.stx_dio_offset_align == 0 {
+            return None;
+        }
+        Some(DioAlignment {
+            offset: stx.stx_dio_offset_align as usize,
+            memory: (stx.stx_dio_mem_align as usize).max(1),
+        })
+    }
+}
+
+/// Size of an open file.
+pub fn fd_size(fd: RawFd) -> io::Result<u64> {
+    // SAFETY: fstat fills a zeroed struct.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(st.st_size as u64)
+    }
+}
+
+impl OpenFile {
+    /// Opens `target` the way DeepSpeed does, for `direction`.
+    pub fn open(target: FileTarget<'_>, direction: Direction) -> Result<OpenFile> {
+        match target {
+            FileTarget::Path(path) => Self::open_path(path, direction),
+            FileTarget::Fd(fd) => Self::from_caller_fd(fd, direction),
+        }
+    }
+
+    fn open_path(path: &Path, direction: Direction) -> Result<OpenFile> {
+        let base = match direction {
+            Direction::Read => libc::O_RDONLY,
+            Direction::Write => libc::O_WRONLY | libc::O_CREAT,
+        };
+        let action = match direction {
+            Direction::Read => "opening for read",
+            Direction::Write => "opening for write",
+        };
+        let file_err = |source| Error::File { path: path.to_path_buf(), action, source };
+        match open_raw(path, base | libc::O_DIRECT, 0o600) {
+            Ok(fd) => {
+                let dio = dio_alignment(fd);
+                // When the file system reports no direct I/O despite
+                // accepting the flag, the buffered twin is opened on demand.
+                Ok(OpenFile {
+                    path: Some(path.to_path_buf()),
+                    direct_fd: dio.map(|_| fd),
+                    buffered_fd: None,
+                    origin_fd: fd,
+                    owned: vec![fd],
+                    dio,
+                    direction,
+                })
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // The file system has no O_DIRECT (tmpfs before 6.6, some
+                // FUSE and network file systems): move the bytes buffered.
+                let fd = open_raw(path, base, 0o600).map_err(file_err)?;
+                crate::log::info_once(
+                    "no-odirect",
+                    &format!("{} does not support O_DIRECT; using buffered I/O for such files", path.display()),
+                );
+                Ok(OpenFile {
+                    path: Some(path.to_path_buf()),
+                    direct_fd: None,
+                    buffered_fd: Some(fd),
+                    origin_fd: fd,
+                    owned: vec![fd],
+                    dio: None,
+                    direction,
+                })
+            }
+            Err(e) => Err(file_err(e)),
+        }
+    }
+
+    fn from_caller_fd(fd: RawFd, direction: Direction) -> Result<OpenFile> {
+        // SAFETY: F_GETFL only reads the descriptor's flags.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(Error::File {
+                path: PathBuf::from(format!("<fd {fd}>")),
+                action: "inspecting caller descriptor",
+                source: io::Error::last_os_error(),
+            });
+        }
+        let (direct_fd, buffered_fd, dio) = if flags & libc::O_DIRECT != 0 {
+            match dio_alignment(fd) {
+                Some(a) => (Some(fd), None, Some(a)),
+                None => (None, None, None),
+            }
+        } else {
+            (None, Some(fd), None)
+        };
+        Ok(OpenFile { path: None, direct_fd, buffered_fd, origin_fd: fd, owned: Vec::new(), dio, direction })
+    }
+
+    /// Opens a buffered descriptor on the same file as the direct one,
+    /// through /proc/self/fd so it is the same inode even if the path moved.
+    fn open_buffered_twin(&mut self) -> Result<RawFd> {
+        let source = self.origin_fd;
+        let mode = match self.direction {
+            Direction::Read => libc::O_RDONLY,
+            Direction::Write => libc::O_WRONLY,
+        };
+        let proc_path = PathBuf::from(format!("/proc/self/fd/{source}"));
+        let fd = match open_raw(&proc_path, mode, 0) {
+            Ok(fd) => fd,
+            Err(e) => match &self.path {
+                Some(p) => open_raw(p, mode, 0).map_err(|source| Error::File {
+                    path: p.clone(),
+                    action: "re-opening without O_DIRECT",
+                    source,
+                })?,
+                None => {
+                    return Err(Error::File { path: proc_path, action: "re-opening without O_DIRECT", source: e })
+                }
+            },
+        };
+        self.owned.push(fd);
+        self.buffered_fd = Some(fd);
+        Ok(fd)
+    }
+
+    /// The O_DIRECT descriptor and its alignment, if the file has one.
+    pub fn direct(&self) -> Option<(RawFd, DioAlignment)> {
+        Some((self.direct_fd?, self.dio?))
+    }
+
+    /// The buffered descriptor, opening it now if needed.
+    pub fn buffered_fd(&mut self) -> Result<RawFd> {
+        match self.buffered_fd {
+            Some(fd) => Ok(fd),
+            None => self.open_buffered_twin(),
+        }
+    }
+
+    /// Any descriptor of the file (for fstat).
+    pub fn any_fd(&self) -> RawFd {
+        self.origin_fd
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Size of the file now.
+    pub fn size(&self) -> Result<u64> {
+        fd_size(self.any_fd()).map_err(|source| Error::File {
+            path: self.display_path(),
+            action: "fstat of",
+            source,
+        })
+    }
+
+    pub fn display_path(&self) -> PathBuf {
+        self.path.clone().unwrap_or_else(|| PathBuf::from(format!("<fd {}>", self.any_fd())))
+    }
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        for &fd in &self.owned {
+            // SAFETY: we opened these and nobody else holds them.
+            unsafe { libc::close(fd) };
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! The DeepNVMe handle (`deepspeed_io_handle_t` without torch).
+//!
+//! A handle owns `intra_op_parallelism` worker threads, each with its own
+//! engine (its own io_uring ring). A parallel op is cut into one slice per
+//! worker; every worker gets its slice, and the op completes when all have
+//! run. Ops are kept in submission order; `wait()` finishes them in that
+//! order (validation, bounce copy-back, closing the files the handle opened)
+//! and returns how many it finished — 0 when nothing was pending.
+//!
+//! As in DeepSpeed, a blocking call (`sync_*`, `pread/pwrite(async=False)`)
+//! submits and then waits for *every* pending op, and returns that count;
+//! blocking calls and `wait()` are serialised per handle so that two threads
+//! blocking on one handle each get their own count.
+//!
+//! Errors never abort: a failed slice fails its op, and `wait()` reports it
+//! after finishing every other op. Dropping a handle finishes what is still
+//! in flight (logging any failure), then stops and joins its workers.
+
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::config::HandleConfig;
+use crate::engine::{self, Engine, EngineKind};
+use crate::error::{Direction, Error, Result, TransferError};
+use crate::file::FileTarget;
+use crate::op::{BufferDesc, CpuOp, OpPlan, OpRequest};
+use crate::pinned::PinnedMemoryManager;
+
+/// An op in flight: the plan the workers read, and the completion latch.
+struct InFlight {
+    plan: Arc<OpPlan>,
+    state: Mutex<SliceTally>,
+    done: Condvar,
+    /// The resources of the op; taken by whoever finishes it.
+    op: Mutex<Option<CpuOp>>,
+}
+
+struct SliceTally {
+    remaining: usize,
+    first_error: Option<TransferError>,
+}
+
+impl InFlight {
+    fn complete_slice(&self, outcome: std::result::Result<(), TransferError>) {
+        let mut st = self.state.lock();
+        if let Err(e) = outcome {
+            st.first_error.get_or_insert(e);
+        }
+        st.remaining -= 1;
+        if st.remaining == 0 {
+            self.done.notify_all();
+        }
+    }
+
+    /// Blocks until every slice ran; returns the first slice error.
+    fn wait_slices(&self) -> std::result::Result<(), TransferError> {
+        let mut st = self.state.lock();
+        while st.remaining > 0 {
+            self.done.wait(&mut st);
+        }
+        match st.first_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+struct Job {
+    op: Arc<InFlight>,
+    slice: usize,
+}
+
+struct Worker {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Creates the engine a worker uses; when io_uring cannot be set up for this
+/// worker (e.g. a ring hits RLIMIT_MEMLOCK on an old kernel), falls back to
+/// psync and says so once.
+fn worker_engine(kind: EngineKind, queue_depth: usize) -> Box<dyn Engine> {
+    match engine::create(kind, queue_depth) {
+        Ok(e) => e,
+        Err(err) => {
+            crate::log::info_once("worker-engine-fallback", &format!("{err}; this worker uses the psync engine"));
+            Box::new(engine::psync::PsyncEngine::new(queue_depth))
+        }
+    }
+}
+
+fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<Job>) {
+    let mut engine = worker_engine(kind, queue_depth);
+    for job in jobs {
+        let outcome = job.op.plan.run_slice(job.slice, engine.as_mut());
+        job.op.complete_slice(outcome);
+    }
+}
+
+/// A DeepNVMe I/O handle.
+pub struct IoHandle {
+    config: HandleConfig,
+    engine_kind: EngineKind,
+    workers: Vec<Worker>,
+    pending: Mutex<VecDeque<Arc<InFlight>>>,
+    /// Serialises blocking calls and `wait()` (DeepSpeed's handle mutex).
+    serial: Mutex<()>,
+    /// Engine for `read`/`write`, which run on the calling thread.
+    inline_engine: Mutex<Option<Box<dyn Engine>>>,
+    manager: &'static PinnedMemoryManager,
+}
+
+impl IoHandle {
+    pub fn new(config: HandleConfig) -> Result<IoHandle> {
+        config.validate()?;
+        let engine_kind = match config.engine {
+            Some(EngineKind::Uring) => {
+                engine::io_uring_status().map_err(|why| Error::Engine(format!("io_uring is unavailable: {why}")))?;
+                EngineKind::Uring
+            }
+            Some(k) => k,
+            None => engine::default_kind()?,
+        };
+        let mut workers = Vec::with_capacity(config.intra_op_parallelism);
+        for index in 0..config.intra_op_parallelism {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let qd = config.queue_depth;
+            let thread = std::thread::Builder::new()
+                .name(format!("deepnvme-io-{index}"))
+                .spawn(move || worker_loop(engine_kind, qd, rx))
+                .map_err(|e| Error::Engine(format!("spawning I/O worker {index}: {e}")))?;
+            workers.push(Worker { jobs: Some(tx), thread: Some(thread) });
+        }
+        Ok(IoHandle {
+            config,
+            engine_kind,
+            workers,
+            pending: Mutex::new(VecDeque::new()),
+            serial: Mutex::new(()),
+            inline_engine: Mutex::new(None),
+            manager: PinnedMemoryManager::shared(),
+        })
+    }
+
+    pub fn config(&self) -> &HandleConfig {
+        &self.config
+    }
+    pub fn engine_kind(&self) -> EngineKind {
+        self.engine_kind
+    }
+    pub fn manager(&self) -> &'static PinnedMemoryManager {
+        self.manager
+    }
+
+    /// `handle.is_pinned(buffer)`: declared pinned, or inside a managed region.
+    pub fn is_pinned(&self, ptr: *const u8, len: usize, declared_pinned: bool) -> bool {
+        declared_pinned || self.manager.is_managed(ptr, len)
+    }
+
+    /// Number of ops submitted and not yet finished by `wait()`.
+    pub fn pending_ops(&self) -> usize {
+        self.pending.lock().len()
+    }
+
+    /// DeepSpeed requires a parallel op's bytes to divide evenly among the
+    /// workers (it returns -1 otherwise); kept for compatibility.
+    fn check_divisible(&self, request: &OpRequest<'_>) -> Result<()> {
+        let p = self.config.intra_op_parallelism;
+        if request.buffer.len % p != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "parallel {} of {} bytes at offset {} of {} is not divisible by intra_op_parallelism = {p}",
+                request.direction.verb(),
+                request.buffer.len,
+                request.file_offset,
+                match request.target {
+                    FileTarget::Path(path) => path.display().to_string(),
+                    FileTarget::Fd(fd) => format!("fd {fd}"),
+                }
+            )));
+        }
+        Ok(())
+    }
+
+    /// `pread`/`pwrite`/`async_*`/`sync_*`: submits a parallel op. With
+    /// `is_async` returns 0 at once; otherwise waits for every pending op and
+    /// returns how many finished.
+    pub fn submit(&self, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
+        self.check_divisible(&request)?;
+        let op = CpuOp::prepare(request, self.config.intra_op_parallelism, self.config.transfer_knobs(), self.manager)?;
+        let _serial = self.serial.lock();
+        self.dispatch(op);
+        if is_async {
+            Ok(0)
+        } else {
+            self.wait_locked()
+        }
+    }
+
+    fn dispatch(&self, op: CpuOp) {
+        let plan = op.plan().clone();
+        let slices = plan.slices.len();
+        let in_flight = Arc::new(InFlight {
+            plan,
+            state: Mutex::new(SliceTally { remaining: slices, first_error: None }),
+            done: Condvar::new(),
+            op: Mutex::new(Some(op)),
+        });
+        self.pending.lock().push_back(in_flight.clone());
+        for (slice, worker) in self.workers.iter().enumerate().take(slices) {
+            let job = Job { op: in_flight.clone(), slice };
+            let sent = worker.jobs.as_ref().map(|tx| tx.send(job));
+            if !matches!(sent, Some(Ok(()))) {
+                // A worker that is gone cannot run its slice; fail the slice
+                // rather than leave the op waiting forever.
+                in_flight.complete_slice(Err(TransferError {
+                    direction: in_flight.plan.direction,
+                    path: in_flight.plan.path.clone(),
+                    fd: -1,
+                    file_offset: 0,
+                    len: in_flight.plan.slices[slice].bytes(),
+                    errno: libc::EIO,
+                    detail: Some(format!("I/O worker {slice} has stopped")),
+                }));
+            }
+        }
+    }
+
+    /// Waits for every pending op, finishes each, and returns how many.
+    pub fn wait(&self) -> Result<usize> {
+        let _serial = self.serial.lock();
+        self.wait_locked()
+    }
+
+    fn wait_locked(&self) -> Result<usize> {
+        let mut completed = 0usize;
+        let mut first: Option<Error> = None;
+        let mut more = 0usize;
+        loop {
+            let Some(op) = self.pending.lock().pop_front() else { break };
+            let outcome = op.wait_slices();
+            let taken = op.op.lock().take();
+            let result = match taken {
+                Some(cpu_op) => cpu_op.finish(outcome),
+                None => outcome.map_err(Error::from),
+            };
+            completed += 1;
+            if let Err(e) = result {
+                if first.is_none() {
+                    first = Some(e);
+                } else {
+                    more += 1;
+                }
+            }
+        }
+        match first {
+            None => Ok(completed),
+            Some(e) if more == 0 => Err(e),
+            Some(e) => Err(Error::Many { first: Box::new(e), more }),
+        }
+    }
+
+    /// `read`/`write`: one synchronous, unsplit transfer on the calling thread.
+    pub fn transfer_inline(&self, request: OpRequest<'_>) -> Result<()> {
+        let op = CpuOp::prepare(request, 1, self.config.transfer_knobs(), self.manager)?;
+        let plan = op.plan().clone();
+        let outcome = {
+            let mut slot = self.inline_engine.lock();
+            if slot.is_none() {
+                *slot = Some(worker_engine(self.engine_kind, self.config.queue_depth));
+            }
+            plan.run_slice(0, slot.as_mut().expect("inline engine").as_mut())
+        };
+        op.finish(outcome)
+    }
+
+    /// Convenience for Rust callers: a parallel read into `buffer`.
+    pub fn pread(&self, buffer: BufferDesc, target: FileTarget<'_>, file_offset: i64, is_async: bool) -> Result<usize> {
+        self.submit(
+            OpRequest { direction: Direction::Read, target, file_offset, buffer, staging: None, validate: false },
+            is_async,
+        )
+    }
+
+    /// Convenience for Rust callers: a parallel write from `buffer`.
+    pub fn pwrite(&self, buffer: BufferDesc, target: FileTarget<'_>, file_offset: i64, is_async: bool) -> Result<usize> {
+        self.submit(
+            OpRequest { direction: Direction::Write, target, file_offset, buffer, staging: None, validate: false },
+            is_async,
+        )
+    }
+}
+
+impl Drop for IoHandle {
+    fn drop(&mut self) {
+        // Finish what is in flight: the kernel may still be using the buffers.
+        if self.pending_ops() > 0 {
+            if let Err(e) = self.wait() {
+                crate::log::error(&format!("handle dropped with ops in flight; finishing them failed: {e}"));
+            }
+        }
+        for w in &mut self.workers {
+            w.jobs.take();
+        }
+        for w in &mut self.workers {
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The process-wide pinned-memory manager (`deepspeed_pin_tensor_t`).
+//!
+//! It hands out page-aligned, `mlock`ed regions and remembers each one, so
+//! that any buffer lying wholly inside a region (the region itself, a narrow,
+//! a view) is recognised as page-locked and can be used for O_DIRECT I/O
+//! without a bounce copy. Regions are kept in a `BTreeMap` keyed by base
+//! address, so `is_managed` is one O(log n) range lookup on the submission
+//! path instead of the C++ linear scan.
+//!
+//! There is one manager per process ([`PinnedMemoryManager::shared`]): the
+//! Rust core is linked into a single shared object that every DeepSpeed
+//! extension depends on, so async_io, gds and pin_memory all see the same
+//! regions whatever order they are loaded in.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::ptr::NonNull;
+
+use parking_lot::RwLock;
+
+use crate::error::{last_errno, Error, Result};
+
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v > 0 {
+        v as usize
+    } else {
+        4096
+    }
+}
+
+/// The current RLIMIT_MEMLOCK (soft, hard), in bytes.
+pub fn memlock_limit() -> (u64, u64) {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `r` is a valid rlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0 {
+        (r.rlim_cur as u64, r.rlim_max as u64)
+    } else {
+        (0, 0)
+    }
+}
+
+/// One mapping: `requested` is what the caller asked for (and what a buffer
+/// must fit inside); `mapped` is the page-rounded length that was mapped.
+#[derive(Clone, Copy, Debug)]
+struct Region {
+    requested: usize,
+    mapped: usize,
+}
+
+/// An anonymous, page-aligned mapping. It is locked when `locked` says so.
+/// Used directly for bounce buffers, and by the manager for its regions.
+#[derive(Debug)]
+pub struct PageAlignedBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    mapped: usize,
+    locked: bool,
+}
+
+// SAFETY: the mapping is plain memory owned by this value.
+unsafe impl Send for PageAlignedBuffer {}
+unsafe impl Sync for PageAlignedBuffer {}
+
+impl PageAlignedBuffer {
+    /// Maps `len` bytes (at least one page). With `lock = Required` an mlock
+    /// failure is an error that names the size and RLIMIT_MEMLOCK; with
+    /// `BestEffort` the buffer stays unlocked (bounce buffers only need to be
+    /// aligned, locking just makes them faster).
+    pub fn new(len: usize, lock: LockMode) -> Result<Self> {
+        let page = page_size();
+        let mapped = len.max(1).checked_add(page - 1).map(|v| v / page * page).ok_or_else(|| {
+            Error::Alloc { bytes: len, source: io::Error::from_raw_os_error(libc::ENOMEM) }
+        })?;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::Alloc { bytes: len, source: io::Error::last_os_error() });
+        }
+        let mut buf = PageAlignedBuffer {
+            ptr: NonNull::new(p as *mut u8).expect("mmap returned null"),
+            len,
+            mapped,
+            locked: false,
+        };
+        if lock != LockMode::None {
+            // SAFETY: locking our own mapping.
+            if unsafe { libc::mlock(p, mapped) } == 0 {
+                buf.locked = true;
+            } else if lock == LockMode::Required {
+                let errno = last_errno();
+                let (limit_soft, limit_hard) = memlock_limit();
+                // `buf` unmaps on drop.
+                return Err(Error::Lock { bytes: len, errno, limit_soft, limit_hard });
+            }
+        }
+        Ok(buf)
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn is_locked(&self) -> bool {
+        self.locked
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is at least `len` readable bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes the access unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Gives up ownership without unmapping; `release_raw` undoes it.
+    fn into_raw(self) -> (NonNull<u8>, usize) {
+        let out = (self.ptr, self.mapped);
+        std::mem::forget(self);
+        out
+    }
+}
+
+/// Unlocks and unmaps a mapping made by [`PageAlignedBuffer::new`].
+fn release_raw(ptr: *mut u8, mapped: usize, locked: bool) {
+    // SAFETY: the caller owns this mapping and nobody uses it any more.
+    unsafe {
+        if locked {
+            libc::munlock(ptr as *const libc::c_void, mapped);
+        }
+        libc::munmap(ptr as *mut libc::c_void, mapped);
+    }
+}
+
+impl Drop for PageAlignedBuffer {
+    fn drop(&mut self) {
+        release_raw(self.ptr.as_ptr(), self.mapped, self.locked);
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    None,
+    BestEffort,
+    Required,
+}
+
+/// Page-locked allocations, recognised by address range.
+pub struct PinnedMemoryManager {
+    regions: RwLock<BTreeMap<usize, Region>>,
+}
+
+static SHARED: PinnedMemoryManager = PinnedMemoryManager::new();
+
+impl Default for PinnedMemoryManager {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PinnedMemoryManager {
+    /// A private manager (tests, tools). DeepSpeed code uses [`Self::shared`].
+    pub const fn new() -> Self {
+        PinnedMemoryManager { regions: RwLock::new(BTreeMap::new()) }
+    }
+
+    /// The one manager of this process.
+    pub fn shared() -> &'static PinnedMemoryManager {
+        &SHARED
+    }
+
+    /// Allocates `bytes` of page-aligned, locked memory and records it.
+    /// A zero-byte request still gets a (one-page) mapping with a unique base.
+    pub fn alloc(&self, bytes: usize) -> Result<NonNull<u8>> {
+        let buf = PageAlignedBuffer::new(bytes, LockMode::Required)?;
+        let (ptr, mapped) = buf.into_raw();
+        self.regions.write().insert(ptr.as_ptr() as usize, Region { requested: bytes, mapped });
+        Ok(ptr)
+    }
+
+    /// Frees the region whose base is exactly `base`. Returns whether
+    /// anything was freed; an interior pointer or unknown address is refused.
+    pub fn free(&self, base: *const u8) -> bool {
+        let removed = self.regions.write().remove(&(base as usize));
+        match removed {
+            Some(r) => {
+                release_raw(base as *mut u8, r.mapped, true);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// True when `[ptr, ptr + len)` lies wholly inside one region.
+    pub fn is_managed(&self, ptr: *const u8, len: usize) -> bool {
+        let start = ptr as usize;
+        let Some(end) = start.checked_add(len) else { return false };
+        let regions = self.regions.read();
+        match regions.range(..=start).next_back() {
+            Some((&base, r)) => end <= base + r.requested,
+            None => false,
+        }
+    }
+
+    /// The base and requested size of the region containing `ptr`, if any.
+    pub fn region_of(&self, ptr: *const u8) -> Option<(usize, usize)> {
+        let start = ptr as usize;
+        let regions = self.regions.read();
+        let (&base, r) = regions.range(..=start).next_back()?;
+        (start < base + r.requested.max(1)).then_some((base, r.requested))
+    }
+
+    /// (number of regions, bytes requested, bytes locked).
+    pub fn stats(&self) -> (usize, usize, usize) {
+        let regions = self.regions.read();
+        let requested = regions.values().map(|r| r.requested).sum();
+        let mapped = regions.values().map(|r| r.mapped).sum();
+        (regions.len(), requested, mapped)
+    }
+}
+
+impl Drop for PinnedMemoryManager {
+    fn drop(&mut self) {
+        for (&base, r) in self.regions.get_mut().iter() {
+            release_raw(base as *mut u8, r.mapped, true);
+        }
+        self.regions.get_mut().clear();
+    }
+}
