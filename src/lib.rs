@@ -23,6 +23,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod file;
+pub mod gds;
 pub mod handle;
 pub mod log;
 pub mod op;

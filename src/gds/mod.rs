@@ -1,0 +1,1 @@
+//! GPUDirect Storage (cuFile) support. Placeholder: being written.
