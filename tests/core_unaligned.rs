@@ -1,0 +1,288 @@
+//! Unaligned sizes, offsets and buffer addresses on real O_DIRECT files,
+//! with both engines, and the bounce path for memory that is not pinned.
+//! Results must be exact: a 1000-byte write to a new file makes a
+//! 1000-byte file; a write into a larger file keeps everything around it;
+//! a read returns exactly the file's bytes and touches nothing else.
+
+mod common;
+
+use common::*;
+use deepnvme::engine::Knobs;
+use deepnvme::op::{is_direct_capable, CpuOp};
+use deepnvme::{BufferDesc, Direction, EngineKind, Error, FileTarget, IoHandle, OpRequest, PinnedMemoryManager, Staging};
+
+const LENS: [usize; 8] = [0, 1, 511, 513, 1000, 4095, 4097, (1 << 20) + 3];
+const OFFSETS: [usize; 4] = [0, 1, 511, 4097];
+
+/// Memory for one transfer of `len` bytes.
+enum Mem {
+    /// A whole pinned region (page aligned).
+    Pinned(Pinned),
+    /// A narrow of a pinned region starting `skew` bytes in, with guard
+    /// bytes on both sides.
+    Narrow(Pinned, usize),
+    /// Plain heap memory, with guard bytes on both sides.
+    Heap(Vec<u8>),
+}
+
+const GUARD: u8 = 0xA5;
+const GUARD_LEN: usize = 64;
+
+impl Mem {
+    fn new(kind: usize, len: usize) -> Mem {
+        match kind {
+            0 => Mem::Pinned(Pinned::new(len)),
+            1 | 2 => {
+                let skew = if kind == 1 { 1 } else { 3 };
+                let mut p = Pinned::new(skew + len + GUARD_LEN);
+                p.as_mut_slice().fill(GUARD);
+                Mem::Narrow(p, skew)
+            }
+            _ => Mem::Heap(vec![GUARD; GUARD_LEN + len + GUARD_LEN]),
+        }
+    }
+    fn label(&self) -> String {
+        match self {
+            Mem::Pinned(_) => "pinned".into(),
+            Mem::Narrow(_, s) => format!("pinned+{s}"),
+            Mem::Heap(_) => "heap".into(),
+        }
+    }
+    fn desc(&mut self, len: usize) -> BufferDesc {
+        match self {
+            Mem::Pinned(p) => p.desc(),
+            Mem::Narrow(p, s) => p.narrow(*s, len),
+            Mem::Heap(v) => BufferDesc::host(unsafe { v.as_mut_ptr().add(GUARD_LEN) }, len),
+        }
+    }
+    fn bytes(&mut self, len: usize) -> &mut [u8] {
+        match self {
+            Mem::Pinned(p) => &mut p.as_mut_slice()[..len],
+            Mem::Narrow(p, s) => &mut p.as_mut_slice()[*s..*s + len],
+            Mem::Heap(v) => &mut v[GUARD_LEN..GUARD_LEN + len],
+        }
+    }
+    /// The bytes around the buffer are untouched.
+    fn check_guards(&self, len: usize, what: &str) {
+        let (before, after): (&[u8], &[u8]) = match self {
+            Mem::Pinned(_) => return,
+            Mem::Narrow(p, s) => (&p.as_slice()[..*s], &p.as_slice()[*s + len..]),
+            Mem::Heap(v) => (&v[..GUARD_LEN], &v[GUARD_LEN + len..]),
+        };
+        assert!(before.iter().chain(after).all(|&b| b == GUARD), "{what}: bytes outside the buffer were written");
+    }
+}
+
+fn check_unaligned(h: &IoHandle, dir: &TempDir, engine: EngineKind, len: usize, off: usize, mem_kind: usize, seed: u64) {
+    let mut mem = Mem::new(mem_kind, len);
+    let what = format!("{engine:?} len={len} off={off} mem={}", mem.label());
+    let data = pattern(seed, len);
+    mem.bytes(len).copy_from_slice(&data);
+
+    // 1. A new file: exactly off + len bytes, zeros before the offset.
+    let fresh = dir.file(&format!("new-{seed}.bin"));
+    let n = h.pwrite(mem.desc(len), FileTarget::Path(&fresh), off as i64, false).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(n, 1);
+    let got = read_file(&fresh);
+    // Writing nothing does not extend a file (as pwrite of 0 bytes).
+    let want_size = if len == 0 { 0 } else { off + len };
+    assert_eq!(got.len(), want_size, "{what}: size of a new file");
+    assert!(got[..want_size.min(off)].iter().all(|&b| b == 0), "{what}: hole before the offset");
+    assert_bytes_eq(&got[want_size.min(off)..], &data, &what);
+    std::fs::remove_file(&fresh).unwrap();
+
+    // 2. An existing larger file: only [off, off + len) changes.
+    let existing = dir.file(&format!("old-{seed}.bin"));
+    let mut want = pattern(seed ^ 0xFFFF, off + len + 4999);
+    write_file(&existing, &want);
+    h.pwrite(mem.desc(len), FileTarget::Path(&existing), off as i64, false).unwrap();
+    want[off..off + len].copy_from_slice(&data);
+    assert_bytes_eq(&read_file(&existing), &want, &format!("{what}: write into a larger file"));
+    mem.check_guards(len, &what);
+
+    // 3. Read back: exactly the file's bytes, nothing outside the buffer.
+    // Read a different window so stale buffer contents cannot pass.
+    let roff = off + len.min(7);
+    mem.bytes(len).fill(0x5A);
+    h.pread(mem.desc(len), FileTarget::Path(&existing), roff as i64, false).unwrap_or_else(|e| panic!("{what}: read: {e}"));
+    assert_bytes_eq(mem.bytes(len), &want[roff..roff + len], &format!("{what}: read at {roff}"));
+    mem.check_guards(len, &what);
+
+    // 4. The unsplit synchronous path (`read`/`write`) gives the same.
+    mem.bytes(len).copy_from_slice(&data);
+    h.transfer_inline(request(Direction::Write, FileTarget::Path(&existing), (off + 3) as i64, mem.desc(len))).unwrap();
+    want[off + 3..off + 3 + len].copy_from_slice(&data);
+    assert_bytes_eq(&read_file(&existing), &want, &format!("{what}: inline write"));
+    mem.bytes(len).fill(0);
+    h.transfer_inline(request(Direction::Read, FileTarget::Path(&existing), off as i64, mem.desc(len))).unwrap();
+    assert_bytes_eq(mem.bytes(len), &want[off..off + len], &format!("{what}: inline read"));
+    mem.check_guards(len, &what);
+    std::fs::remove_file(&existing).unwrap();
+}
+
+#[test]
+fn unaligned_sizes_offsets_and_addresses_are_exact() {
+    let dir = TempDir::new("unaligned");
+    let mut seed = 1;
+    for engine in engines() {
+        // Small blocks so that the 1 MiB case runs many pieces per op.
+        let h = handle_with(engine, 64 * 1024, 8, false, true, 1);
+        for &len in &LENS {
+            for &off in &OFFSETS {
+                for mem_kind in 0..4 {
+                    check_unaligned(&h, &dir, engine, len, off, mem_kind, seed);
+                    seed += 1;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn unaligned_parallel_ops_are_exact() {
+    let dir = TempDir::new("unaligned-par");
+    let mut seed = 1000;
+    for engine in engines() {
+        for par in [2usize, 3, 4] {
+            let h = handle_with(engine, 4096, 4, true, false, par);
+            // Lengths divisible by par, straddling pages in odd ways.
+            for len in [par, par * 171, par * 1367, par * 4097, par * 87_382 + par] {
+                for off in [1usize, 511, 4097] {
+                    check_unaligned(&h, &dir, engine, len, off, (seed % 4) as usize, seed);
+                    seed += 1;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn pinned_memory_goes_direct_and_heap_memory_bounces() {
+    let dir = TempDir::new("bounce");
+    let path = dir.file("f.bin");
+    write_file(&path, &pattern(1, 1 << 16));
+    let m = PinnedMemoryManager::shared();
+    let knobs = Knobs { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
+    let p = Pinned::new(1 << 16);
+    let mut v = vec![0u8; 1 << 16];
+
+    let cases: Vec<(BufferDesc, bool, &str)> = vec![
+        (p.desc(), true, "whole pinned region"),
+        (p.narrow(1, 1000), true, "narrow at +1"),
+        (p.narrow(4096, 4096), true, "page view"),
+        (BufferDesc::host(p.ptr(), (1 << 16) + 1), false, "running past the region"),
+        (heap_desc(&mut v), false, "heap"),
+        (BufferDesc { pinned: true, ..heap_desc(&mut v) }, true, "heap declared pinned (torch-pinned)"),
+        (BufferDesc { contiguous: false, ..p.desc() }, false, "non-contiguous pinned"),
+        (BufferDesc { is_host: false, ..p.desc() }, false, "device memory"),
+    ];
+    for (buf, direct, what) in cases {
+        assert_eq!(is_direct_capable(&buf, m), direct, "{what}");
+        if !(buf.is_host && buf.contiguous) || buf.len > 1 << 16 {
+            continue;
+        }
+        for direction in [Direction::Read, Direction::Write] {
+            let op = CpuOp::prepare(request(direction, FileTarget::Path(&path), 0, buf), 1, knobs, m).unwrap();
+            assert_eq!(op.is_direct(), direct, "{what} {direction:?}");
+            drop(op);
+        }
+    }
+    // Non-contiguous or device memory without a copier is refused, not guessed at.
+    for buf in [BufferDesc { contiguous: false, ..p.desc() }, BufferDesc { is_host: false, ..p.desc() }] {
+        let e = CpuOp::prepare(request(Direction::Write, FileTarget::Path(&path), 0, buf), 1, knobs, m).err().unwrap();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+    // A bounced write leaves the caller's memory alone; a bounced read
+    // copies back in wait() only.
+    for engine in engines() {
+        let h = handle(engine);
+        let data = pattern(77, 100_003);
+        let mut src = data.clone();
+        h.pwrite(heap_desc(&mut src), FileTarget::Path(&path), 5, true).unwrap();
+        src.fill(0); // the bounce copy was taken at submission
+        assert_eq!(h.wait().unwrap(), 1);
+        assert_bytes_eq(&read_file(&path)[5..5 + data.len()], &data, &format!("{engine:?} bounced write"));
+        let mut dst = vec![0u8; data.len()];
+        h.pread(heap_desc(&mut dst), FileTarget::Path(&path), 5, false).unwrap();
+        assert_bytes_eq(&dst, &data, &format!("{engine:?} bounced read"));
+    }
+}
+
+/// A strided "tensor": every other byte of `store`, copied by a caller-supplied
+/// Staging (the torch glue does this for non-contiguous and device tensors).
+struct EveryOther {
+    store: *mut u8,
+    len: usize,
+}
+unsafe impl Send for EveryOther {}
+impl Staging for EveryOther {
+    fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> deepnvme::Result<()> {
+        for (i, b) in bounce[..self.len].iter_mut().enumerate() {
+            *b = unsafe { *self.store.add(2 * i) };
+        }
+        Ok(())
+    }
+    fn copy_from_bounce(&mut self, bounce: &[u8]) -> deepnvme::Result<()> {
+        for (i, &b) in bounce[..self.len].iter().enumerate() {
+            unsafe { *self.store.add(2 * i) = b };
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn strided_and_device_buffers_bounce_through_their_copier() {
+    let dir = TempDir::new("staging");
+    let path = dir.file("f.bin");
+    let len = 10_007;
+    let data = pattern(5, len);
+    for engine in engines() {
+        let h = handle(engine);
+        for is_host in [true, false] {
+            // A non-contiguous pinned destination must really be written (the
+            // C++ read it into a temporary that it never copied back).
+            let mut store = Pinned::new(2 * len);
+            for (i, b) in store.as_mut_slice().iter_mut().enumerate() {
+                *b = if i % 2 == 0 { data[i / 2] } else { 0xCC };
+            }
+            let sp = store.ptr();
+            let buf = BufferDesc { ptr: sp, len, is_host, contiguous: false, pinned: true };
+            let req = |direction| OpRequest {
+                direction,
+                target: FileTarget::Path(&path),
+                file_offset: 3,
+                buffer: buf,
+                staging: Some(Box::new(EveryOther { store: sp, len })),
+                validate: false,
+            };
+            h.submit(req(Direction::Write), false).unwrap();
+            let file = read_file(&path);
+            assert_bytes_eq(&file[3..3 + len], &data, &format!("{engine:?} host={is_host} strided write"));
+            for i in (0..2 * len).step_by(2) {
+                store.as_mut_slice()[i] = 0;
+            }
+            h.submit(req(Direction::Read), false).unwrap();
+            for i in 0..2 * len {
+                let want = if i % 2 == 0 { data[i / 2] } else { 0xCC };
+                assert_eq!(store.as_slice()[i], want, "{engine:?} host={is_host} strided read, byte {i}");
+            }
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+}
+
+#[test]
+fn zero_length_ops() {
+    let dir = TempDir::new("zero");
+    for engine in engines() {
+        let h = handle_with(engine, 4096, 4, false, false, 2);
+        let path = dir.file(&format!("{engine:?}.bin"));
+        let p = Pinned::new(0);
+        assert_eq!(h.pwrite(p.desc(), FileTarget::Path(&path), 0, false).unwrap(), 1);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "a zero-byte write creates an empty file");
+        assert_eq!(h.pread(p.desc(), FileTarget::Path(&path), 0, false).unwrap(), 1, "a zero-byte read at EOF is fine");
+        let e = h.pread(p.desc(), FileTarget::Path(&path), 1, false).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "zero bytes starting past EOF: {e}");
+    }
+}
+
