@@ -54,6 +54,11 @@ pub struct OpenFile {
     owned: Vec<RawFd>,
     dio: Option<DioAlignment>,
     direction: Direction,
+    /// Access mode (`O_RDONLY`/`O_WRONLY`/`O_RDWR`) for the buffered twin.
+    /// For a caller's descriptor it is that descriptor's own mode: the twin
+    /// must never grant what the caller's fd does not (a write through a
+    /// read-only fd has to fail with EBADF, not succeed through the twin).
+    twin_access: libc::c_int,
 }
 
 fn cpath(path: &Path) -> Result<CString> {
@@ -149,6 +154,7 @@ impl OpenFile {
                     owned: vec![fd],
                     dio,
                     direction,
+                    twin_access: base & libc::O_ACCMODE,
                 })
             }
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -167,6 +173,7 @@ impl OpenFile {
                     owned: vec![fd],
                     dio: None,
                     direction,
+                    twin_access: base & libc::O_ACCMODE,
                 })
             }
             Err(e) => Err(file_err(e)),
@@ -191,17 +198,23 @@ impl OpenFile {
         } else {
             (None, Some(fd), None)
         };
-        Ok(OpenFile { path: None, direct_fd, buffered_fd, origin_fd: fd, owned: Vec::new(), dio, direction })
+        Ok(OpenFile {
+            path: None,
+            direct_fd,
+            buffered_fd,
+            origin_fd: fd,
+            owned: Vec::new(),
+            dio,
+            direction,
+            twin_access: flags & libc::O_ACCMODE,
+        })
     }
 
     /// Opens a buffered descriptor on the same file as the direct one,
     /// through /proc/self/fd so it is the same inode even if the path moved.
     fn open_buffered_twin(&mut self) -> Result<RawFd> {
         let source = self.origin_fd;
-        let mode = match self.direction {
-            Direction::Read => libc::O_RDONLY,
-            Direction::Write => libc::O_WRONLY,
-        };
+        let mode = self.twin_access;
         let proc_path = PathBuf::from(format!("/proc/self/fd/{source}"));
         let fd = match open_raw(&proc_path, mode, 0) {
             Ok(fd) => fd,
@@ -237,6 +250,16 @@ impl OpenFile {
     /// Any descriptor of the file (for fstat).
     pub fn any_fd(&self) -> RawFd {
         self.origin_fd
+    }
+
+    /// The caller's descriptor, when the op was given one (not a path).
+    pub fn caller_fd(&self) -> Option<RawFd> {
+        self.path.is_none().then_some(self.origin_fd)
+    }
+
+    /// Which way this op moves bytes.
+    pub fn direction(&self) -> Direction {
+        self.direction
     }
 
     pub fn path(&self) -> Option<&Path> {

@@ -120,6 +120,8 @@ impl SlicePlan {
 pub struct OpPlan {
     pub direction: Direction,
     pub path: Option<PathBuf>,
+    /// The caller's descriptor when the op was given one instead of a path.
+    pub caller_fd: Option<RawFd>,
     pub slices: Vec<SlicePlan>,
     pub knobs: Knobs,
     /// `knobs` with the block size rounded to the O_DIRECT alignment.
@@ -127,10 +129,23 @@ pub struct OpPlan {
 }
 
 impl OpPlan {
+    /// Names the op's target in a slice error: its path, or the caller's
+    /// descriptor. A failure on the buffered twin of a caller's fd must name
+    /// the fd the caller knows, not the short-lived twin the op opened.
+    pub fn name_target(&self, e: TransferError) -> TransferError {
+        let mut e = e.with_path(self.path.clone());
+        if e.path.is_none() {
+            if let Some(fd) = self.caller_fd {
+                e.fd = fd;
+            }
+        }
+        e
+    }
+
     /// Moves slice `index` with `engine`.
     pub fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> std::result::Result<(), TransferError> {
         let Some(slice) = self.slices.get(index) else { return Ok(()) };
-        let attach = |e: TransferError| e.with_path(self.path.clone());
+        let attach = |e: TransferError| self.name_target(e);
         if !slice.buffered.is_empty() {
             engine.run(self.direction, &slice.buffered, &self.knobs).map_err(attach)?;
         }
@@ -328,7 +343,14 @@ impl CpuOp {
             Some((_, a)) => Knobs { block_size: (knobs.block_size / a.offset).max(1) * a.offset, ..knobs },
             None => knobs,
         };
-        let plan = Arc::new(OpPlan { direction, path: file.path().map(|p| p.to_path_buf()), slices, knobs, direct_knobs });
+        let plan = Arc::new(OpPlan {
+            direction,
+            path: file.path().map(|p| p.to_path_buf()),
+            caller_fd: file.caller_fd(),
+            slices,
+            knobs,
+            direct_knobs,
+        });
         Ok(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate })
     }
 
