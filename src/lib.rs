@@ -29,6 +29,11 @@ pub mod log;
 pub mod op;
 pub mod pinned;
 
+#[cfg(feature = "ffi")]
+pub mod ffi;
+#[cfg(feature = "python")]
+pub mod python;
+
 pub use config::HandleConfig;
 pub use engine::{EngineKind, Knobs};
 pub use error::{Direction, Error, Result, TransferError};

@@ -1,0 +1,186 @@
+"""Builds and installs the `deepnvme` Python package: DeepSpeed's DeepNVMe
+ops (async_io, pin_memory, gds) backed by the Rust core.
+
+    pip install --no-build-isolation ./bindings
+
+(into an environment that already has torch and deepspeed; build isolation
+would download a second torch just to compile against). Steps:
+
+1. cargo builds the Rust core, its cxx bridge and the pyo3 front end as one
+   static library (`cargo rustc --crate-type staticlib --features python`).
+2. `deepnvme._native` links that library with the torch shims in cpp/src into
+   ONE shared object. It is the only copy of the core in the process, so the
+   pinned-memory manager and the engines are process-wide whatever order the
+   extensions load in.
+3. DeepSpeed's binding files are copied byte-for-byte from the installed
+   deepspeed package (hashes checked and printed) and compiled unchanged
+   against cpp/include into deepnvme.async_io, deepnvme.pin_memory and
+   deepnvme.gds, each linked against _native.
+4. A .pth file makes DeepSpeed's own op builders return these modules
+   (see deepnvme/_deepspeed_hook.py); no DeepSpeed file is edited.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from deepnvme._binding_sources import stage_binding_sources  # noqa: E402
+
+EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
+NATIVE_FILE = "_native" + EXT_SUFFIX
+OPS = ("async_io", "pin_memory", "gds")
+CXX_FLAGS = ["-std=c++20", "-O2", "-g0", "-Wno-deprecated-declarations"]
+HOOK_PTH = "deepnvme-deepspeed.pth"
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def cargo_build():
+    """Builds the Rust static library; returns (path to .a, cxx include dir)."""
+    env = dict(os.environ)
+    env.setdefault("PYO3_PYTHON", sys.executable)
+    cmd = [
+        "cargo", "rustc", "--release", "--lib",
+        "--manifest-path", str(ROOT / "Cargo.toml"),
+        "--features", "python",
+        "--crate-type", "staticlib",
+        "--message-format", "json-render-diagnostics",
+    ]
+    log("deepnvme: " + " ".join(cmd))
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"deepnvme: cargo failed with exit code {proc.returncode}")
+    staticlib = None
+    out_dir = None
+    for line in proc.stdout.splitlines():
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        pkg = msg.get("package_id", "")
+        if "deepnvme" not in pkg:
+            continue
+        if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "deepnvme":
+            for f in msg.get("filenames", []):
+                if f.endswith(".a"):
+                    staticlib = f
+        elif msg.get("reason") == "build-script-executed":
+            out_dir = msg.get("out_dir")
+    if staticlib is None or out_dir is None:
+        raise RuntimeError("deepnvme: cargo did not report the static library or the cxx bridge headers")
+    include = Path(out_dir) / "cxxbridge" / "include"
+    log(f"deepnvme: Rust core {staticlib}; cxx headers {include}")
+    return staticlib, str(include)
+
+
+def version_script(build_temp):
+    """Exports only what the DeepSpeed bindings and Python need; Rust and
+    torch internals stay local to _native."""
+    path = Path(build_temp) / "deepnvme_native.map"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("""{
+  global:
+    PyInit__native;
+    extern "C++" {
+      *deepspeed_*;
+      *io_op_desc_t*;
+      *cpu_op_desc_t*;
+      *deepnvme::*;
+      warn_consumer_ssd_writes*;
+    };
+  local: *;
+};
+""")
+    return str(path)
+
+
+def make_extensions():
+    from torch.utils.cpp_extension import CppExtension
+
+    cpp = ROOT / "cpp"
+    native = CppExtension(
+        name="deepnvme._native",
+        sources=sorted(str(p) for p in (cpp / "src").glob("*.cc")),
+        include_dirs=[str(cpp / "include"), str(cpp / "src")],
+        extra_compile_args={"cxx": CXX_FLAGS},
+        libraries=["pthread", "dl", "rt", "m", "util"],
+    )
+    ops = [
+        CppExtension(
+            name=f"deepnvme.{op}",
+            sources=[],  # filled in by BuildDeepNVMe with the staged binding file
+            include_dirs=[str(cpp / "include")],
+            extra_compile_args={"cxx": CXX_FLAGS},
+            libraries=[f":{NATIVE_FILE}"],
+            extra_link_args=["-Wl,-rpath,$ORIGIN"],
+        )
+        for op in OPS
+    ]
+    return [native] + ops
+
+
+def build_ext_class():
+    from torch.utils.cpp_extension import BuildExtension
+
+    class BuildDeepNVMe(BuildExtension):
+        """Builds the Rust core first, then _native, then the DeepSpeed ops."""
+
+        def build_extensions(self):
+            staticlib, cxx_include = cargo_build()
+            staged = stage_binding_sources(Path(self.build_temp) / "deepspeed-bindings", log=log)
+            native_dir = str(Path(self.get_ext_fullpath("deepnvme._native")).parent)
+            for ext in self.extensions:
+                if ext.name == "deepnvme._native":
+                    ext.include_dirs.append(cxx_include)
+                    ext.extra_objects = [staticlib]
+                    ext.extra_link_args = [
+                        f"-Wl,-soname,{NATIVE_FILE}",
+                        "-Wl,--undefined=PyInit__native",
+                        f"-Wl,--version-script={version_script(self.build_temp)}",
+                    ]
+                else:
+                    op = ext.name.split(".")[-1]
+                    ext.sources = [str(staged[op])]
+                    ext.library_dirs.append(native_dir)
+            super().build_extensions()
+
+    return BuildDeepNVMe
+
+
+class BuildPyWithHook(build_py):
+    """Also installs the .pth that hooks DeepSpeed's op builders, at the root
+    of site-packages (where Python reads .pth files)."""
+
+    def run(self):
+        super().run()
+        target = Path(self.build_lib) / HOOK_PTH
+        target.write_text((HERE / HOOK_PTH).read_text())
+
+
+def main():
+    setup(
+        name="deepnvme",
+        version="0.1.0",
+        description="DeepSpeed DeepNVMe ops (async_io, gds, pin_memory) backed by a Rust core",
+        packages=["deepnvme"],
+        ext_modules=make_extensions(),
+        cmdclass={"build_ext": build_ext_class(), "build_py": BuildPyWithHook},
+        python_requires=">=3.9",
+        zip_safe=False,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+// deepnvme-rs: DeepSpeed-compatible header (no DeepSpeed code).
+//
+// The torch half of one DeepNVMe op. The op itself (bounce decision,
+// slicing, I/O, validation, errors) lives in the Rust core; this object only
+// keeps the caller's tensor alive while the op is in flight and copies
+// between it and a host bounce buffer when Rust asks.
+//
+// This header is torch-free on purpose: the cxx bridge includes it, and the
+// bridge is compiled by cargo without torch or CUDA.
+#pragma once
+
+#include <cstddef>
+
+// DeepSpeed's one-time warning that heavy NVMe offload wears consumer SSDs.
+// Logged once per process through deepspeed.utils.logger; never affects I/O.
+void warn_consumer_ssd_writes() noexcept;
+
+struct io_op_desc_t {
+    virtual ~io_op_desc_t();
+
+    // Tensor -> `nbytes` of host memory at `host_addr` (dense, row-major).
+    virtual void copy_to_host(std::size_t host_addr, std::size_t nbytes) const = 0;
+
+    // `nbytes` of host memory at `host_addr` -> tensor (any device, any strides).
+    virtual void copy_from_host(std::size_t host_addr, std::size_t nbytes) const = 0;
+};

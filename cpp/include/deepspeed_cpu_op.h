@@ -1,0 +1,21 @@
+// deepnvme-rs: DeepSpeed-compatible header (no DeepSpeed code).
+//
+// cpu_op_desc_t: the torch glue of one transfer through the CPU path. It holds
+// the caller's tensor and performs the copies a bounced op needs (CPU, CUDA or
+// any other torch device, contiguous or strided). The op's logic is Rust's
+// (deepnvme::op::CpuOp).
+#pragma once
+
+#include <torch/types.h>
+
+#include "deepspeed_aio_op_desc.h"
+
+struct cpu_op_desc_t : io_op_desc_t {
+    torch::Tensor _buffer;
+
+    explicit cpu_op_desc_t(const torch::Tensor& buffer);
+    ~cpu_op_desc_t() override;
+
+    void copy_to_host(std::size_t host_addr, std::size_t nbytes) const override;
+    void copy_from_host(std::size_t host_addr, std::size_t nbytes) const override;
+};

@@ -1,0 +1,53 @@
+// deepnvme-rs: the async_io module functions (aio_read, aio_write,
+// deepspeed_memcpy) and the write warning, as calls into Rust.
+
+#include "deepspeed_aio_op_desc.h"
+#include "deepspeed_cpu_op.h"
+#include "deepspeed_py_aio.h"
+#include "deepspeed_py_copy.h"
+#include "glue.h"
+
+int deepspeed_py_aio_write(const torch::Tensor& buffer,
+                           const char* filename,
+                           const int block_size,
+                           const int queue_depth,
+                           const bool single_submit,
+                           const bool overlap_events,
+                           const bool validate)
+{
+    return deepnvme::ffi::one_shot_transfer(false,
+                                            std::make_unique<cpu_op_desc_t>(buffer),
+                                            deepnvme::describe_tensor(buffer),
+                                            deepnvme::filename_bytes(filename),
+                                            block_size,
+                                            queue_depth,
+                                            single_submit,
+                                            overlap_events,
+                                            validate);
+}
+
+int deepspeed_py_aio_read(torch::Tensor& buffer,
+                          const char* filename,
+                          const int block_size,
+                          const int queue_depth,
+                          const bool single_submit,
+                          const bool overlap_events,
+                          const bool validate)
+{
+    return deepnvme::ffi::one_shot_transfer(true,
+                                            std::make_unique<cpu_op_desc_t>(buffer),
+                                            deepnvme::describe_tensor(buffer),
+                                            deepnvme::filename_bytes(filename),
+                                            block_size,
+                                            queue_depth,
+                                            single_submit,
+                                            overlap_events,
+                                            validate);
+}
+
+int deepspeed_py_memcpy(torch::Tensor& dest, const torch::Tensor& src)
+{
+    return deepnvme::ffi::memcpy_f32(deepnvme::describe_tensor(dest), deepnvme::describe_tensor(src));
+}
+
+void warn_consumer_ssd_writes() noexcept { deepnvme::ffi::warn_consumer_ssd_writes(); }

@@ -1,0 +1,77 @@
+//! The pyo3 front end: the Python module `deepnvme._native`.
+//!
+//! The module lives in the same shared object as the Rust core and the C++
+//! shims, so what it reports (engine, pinned regions) is the state that the
+//! DeepSpeed extensions built against this core share. It is also how the
+//! core reaches Python for DeepSpeed's one-time write warning.
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+use crate::engine;
+use crate::pinned::{memlock_limit, PinnedMemoryManager};
+
+/// Attribute on `deepspeed.utils` that marks the write warning as given,
+/// shared with DeepSpeed's own extensions.
+const WRITE_WARNING_MARKER: &str = "_deepspeed_nvme_write_warning_emitted";
+
+/// Logs `message` through `deepspeed.utils.logger.warning` unless another
+/// extension already did. Returns false when Python or DeepSpeed is not
+/// there to take it (the caller then prints it itself).
+pub fn emit_write_warning(message: &str) -> bool {
+    Python::try_attach(|py| {
+        let attempt = || -> PyResult<()> {
+            let utils = py.import("deepspeed.utils")?;
+            if utils.hasattr(WRITE_WARNING_MARKER)? {
+                return Ok(());
+            }
+            utils.setattr(WRITE_WARNING_MARKER, true)?;
+            utils.getattr("logger")?.call_method1("warning", (message,))?;
+            Ok(())
+        };
+        attempt().is_ok()
+    })
+    .unwrap_or(false)
+}
+
+/// The engine this process uses ("io_uring" or "psync").
+#[pyfunction]
+fn engine_name() -> PyResult<&'static str> {
+    engine::default_kind().map(|k| k.name()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}
+
+/// None when io_uring works here, else why not.
+#[pyfunction]
+fn io_uring_unavailable_reason() -> Option<String> {
+    engine::io_uring_status().err()
+}
+
+/// (regions, bytes requested, bytes locked) of the process-wide manager.
+#[pyfunction]
+fn pinned_stats() -> (usize, usize, usize) {
+    PinnedMemoryManager::shared().stats()
+}
+
+/// RLIMIT_MEMLOCK (soft, hard) in bytes.
+#[pyfunction]
+fn memlock_rlimit() -> (u64, u64) {
+    memlock_limit()
+}
+
+/// None when GPUDirect Storage can be used here, else what is missing.
+#[pyfunction]
+fn gds_unavailable_reason() -> Option<String> {
+    // Wired to crate::gds::probe() once the cuFile module lands.
+    Some("GPUDirect Storage support is not wired into this build yet".to_string())
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(engine_name, m)?)?;
+    m.add_function(wrap_pyfunction!(io_uring_unavailable_reason, m)?)?;
+    m.add_function(wrap_pyfunction!(pinned_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(memlock_rlimit, m)?)?;
+    m.add_function(wrap_pyfunction!(gds_unavailable_reason, m)?)?;
+    Ok(())
+}
