@@ -1,0 +1,491 @@
+//! What `bench` and `tune` share: the benchmark file (a temp file that is
+//! removed afterwards, or the user's), the I/O buffer (locked through the
+//! process-wide pinned manager), the handle for one set of knobs, one timed
+//! pass over the file, CPU time from getrusage, and Ctrl-C handling.
+//!
+//! A pass moves the file in ops of the buffer's size at increasing offsets.
+//! Each op is submitted asynchronously and then waited for, so progress can
+//! be reported as every op finishes: the handle's `wait()` finishes *all*
+//! pending ops, so waiting per op is the only way to see single completions
+//! through its public API. It costs next to nothing, because a worker drains
+//! its queue at the end of every op slice anyway; queueing the next op ahead
+//! would only save the thread hand-off (tens of microseconds per op).
+
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use deepnvme::pinned::{LockMode, PageAlignedBuffer};
+use deepnvme::{BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager};
+
+use crate::args::{fmt_size, parse_count, parse_positive_size, Args, CliError};
+use crate::progress::Progress;
+
+/// GB as the tool reports it: 10^9 bytes (as fio's "GB/s" and disk vendors).
+pub const GB: f64 = 1e9;
+
+/// The handle knobs of one measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Knobs {
+    pub block_size: usize,
+    pub queue_depth: usize,
+    pub single_submit: bool,
+    pub overlap_events: bool,
+    pub parallelism: usize,
+}
+
+impl Knobs {
+    /// DeepSpeed's `aio_handle()` defaults: 1 MiB blocks, queue depth 128,
+    /// no single submit, no overlap, one worker.
+    pub fn deepspeed_handle_defaults() -> Knobs {
+        let d = HandleConfig::default();
+        Knobs {
+            block_size: d.block_size,
+            queue_depth: d.queue_depth,
+            single_submit: d.single_submit,
+            overlap_events: d.overlap_events,
+            parallelism: d.intra_op_parallelism,
+        }
+    }
+
+    pub fn handle_config(&self, engine: Option<EngineKind>) -> HandleConfig {
+        HandleConfig {
+            block_size: self.block_size,
+            queue_depth: self.queue_depth,
+            single_submit: self.single_submit,
+            overlap_events: self.overlap_events,
+            intra_op_parallelism: self.parallelism,
+            engine,
+        }
+    }
+
+    /// Creates a handle with these knobs (its workers and rings).
+    pub fn open_handle(&self, engine: Option<EngineKind>) -> Result<IoHandle, CliError> {
+        IoHandle::new(self.handle_config(engine)).map_err(|e| CliError::Failed(format!("creating the I/O handle: {e}")))
+    }
+}
+
+/// Checks that every op of a pass can be split evenly among the workers, as
+/// DeepSpeed requires (`nbytes % intra_op_parallelism == 0`).
+pub fn check_split(size: u64, op_bytes: u64, parallelism: usize) -> Result<(), String> {
+    let p = parallelism as u64;
+    let last = match size % op_bytes {
+        0 => op_bytes,
+        r => r,
+    };
+    let ops = [("each op (the smaller of --size and --buffer-size)", op_bytes.min(size)), ("the last op (--size modulo --buffer-size)", last)];
+    for (what, n) in ops {
+        if n % p != 0 {
+            return Err(format!(
+                "{what} is {n} bytes, which does not divide evenly among {parallelism} workers \
+                 (DeepSpeed requires each op's bytes to be a multiple of intra_op_parallelism); \
+                 use sizes that are multiples of {parallelism}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Options shared by bench and tune
+
+/// The options `bench` and `tune` both take: where the file is, how much to
+/// move, how many times, and how to report.
+#[derive(Clone, Debug, Default)]
+pub struct Common {
+    pub engine: Option<EngineKind>,
+    pub size: Option<u64>,
+    pub buffer_size: Option<usize>,
+    pub file: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
+    pub keep: bool,
+    pub loops: usize,
+    pub read_only: bool,
+    pub write_only: bool,
+    pub json: bool,
+    pub quiet: bool,
+    pub progress: bool,
+}
+
+impl Common {
+    pub fn new() -> Common {
+        Common { loops: 1, ..Common::default() }
+    }
+
+    /// Takes `name` when it is one of the shared flags; returns whether it was.
+    pub fn parse_flag(&mut self, args: &mut Args, name: &str, inline: Option<String>) -> Result<bool, CliError> {
+        match name {
+            "--engine" => {
+                self.engine = Some(args.parsed(name, inline, |v| {
+                    EngineKind::parse(v).ok_or_else(|| "expected uring or psync".to_string())
+                })?)
+            }
+            "--size" | "-s" => self.size = Some(args.parsed(name, inline, |v| parse_positive_size(v).map(|n| n as u64))?),
+            "--buffer-size" => self.buffer_size = Some(args.parsed(name, inline, parse_positive_size)?),
+            "--file" | "-f" => self.file = Some(PathBuf::from(args.value(name, inline)?)),
+            "--dir" | "-d" => self.dir = Some(PathBuf::from(args.value(name, inline)?)),
+            "--loops" | "-n" => self.loops = args.parsed(name, inline, parse_count)?,
+            "--keep" => self.keep = args.switch(name, inline)?,
+            "--read-only" => self.read_only = args.switch(name, inline)?,
+            "--write-only" => self.write_only = args.switch(name, inline)?,
+            "--json" => self.json = args.switch(name, inline)?,
+            "--quiet" | "-q" => self.quiet = args.switch(name, inline)?,
+            "--progress" => self.progress = args.switch(name, inline)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Cross-checks the shared flags once all are parsed.
+    pub fn validate(&self, args: &Args) -> Result<(), CliError> {
+        if self.read_only && self.write_only {
+            return Err(args.error("--read-only and --write-only exclude each other"));
+        }
+        if self.file.is_some() && self.dir.is_some() {
+            return Err(args.error("--file and --dir exclude each other (--dir picks where the temp file goes)"));
+        }
+        Ok(())
+    }
+
+    pub fn do_write(&self) -> bool {
+        !self.read_only
+    }
+    pub fn do_read(&self) -> bool {
+        !self.write_only
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The file
+
+/// The file a benchmark reads and writes. Removed on drop when the tool
+/// created it and `--keep` was not given; a file that already existed is
+/// never removed.
+pub struct BenchFile {
+    path: PathBuf,
+    remove: bool,
+    existed: bool,
+}
+
+impl BenchFile {
+    /// `file` names the file; otherwise a temp file `.deepnvme-TAG-PID.tmp`
+    /// is created in `dir` (default: the current directory).
+    pub fn open(file: Option<&Path>, dir: Option<&Path>, keep: bool, tag: &str) -> Result<BenchFile, CliError> {
+        if let Some(path) = file {
+            return match std::fs::metadata(path) {
+                Ok(m) if m.is_file() => Ok(BenchFile { path: path.to_path_buf(), remove: false, existed: true }),
+                Ok(_) => Err(CliError::Failed(format!("{} exists and is not a regular file", path.display()))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    create_new(path)?;
+                    Ok(BenchFile { path: path.to_path_buf(), remove: !keep, existed: false })
+                }
+                Err(e) => Err(CliError::Failed(format!("cannot use {}: {e}", path.display()))),
+            };
+        }
+        let dir = dir.unwrap_or(Path::new("."));
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(CliError::Failed(format!("{} is not a directory", dir.display()))),
+            Err(e) => return Err(CliError::Failed(format!("cannot use directory {}: {e}", dir.display()))),
+        }
+        let path = dir.join(format!(".deepnvme-{tag}-{}.tmp", std::process::id()));
+        create_new(&path)?;
+        Ok(BenchFile { path, remove: !keep, existed: false })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the file was there before the tool ran.
+    pub fn existed(&self) -> bool {
+        self.existed
+    }
+
+    /// Whether the file is removed when the run ends.
+    pub fn removed_after(&self) -> bool {
+        self.remove
+    }
+
+    /// Current size in bytes.
+    pub fn len(&self) -> u64 {
+        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Fails early when the file system cannot hold `size` bytes of file.
+    pub fn check_space(&self, size: u64) -> Result<(), CliError> {
+        let need = size.saturating_sub(self.len());
+        if need == 0 {
+            return Ok(());
+        }
+        let Some(free) = free_bytes(&self.path) else { return Ok(()) };
+        if free < need {
+            return Err(CliError::Failed(format!(
+                "not enough free space for {} of test file at {}: {} free (use --size or --dir)",
+                fmt_size(size),
+                self.path.display(),
+                fmt_size(free)
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for BenchFile {
+    fn drop(&mut self) {
+        if self.remove {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn create_new(path: &Path) -> Result<(), CliError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map(drop)
+        .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", path.display())))
+}
+
+fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs fills a zeroed struct from a valid C string.
+    unsafe {
+        let mut s: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut s) != 0 {
+            return None;
+        }
+        Some(s.f_bavail as u64 * s.f_frsize as u64)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The buffer
+
+/// Page-aligned I/O memory, filled with a non-repeating pattern.
+///
+/// It is allocated locked through [`PinnedMemoryManager::shared`], as
+/// DeepSpeed's `new_cpu_locked_tensor` does, so the handle recognises it and
+/// moves bytes straight to/from it. When RLIMIT_MEMLOCK forbids locking that
+/// much (8 MiB is a common default for non-root users), the buffer falls back
+/// to unlocked page-aligned memory that the tool declares usable for direct
+/// I/O: O_DIRECT does not need mlock (the kernel pins the pages of each
+/// request itself), and the memory is touched up front so no page fault is
+/// timed. The result says which one was used.
+pub struct IoBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    unlocked: Option<PageAlignedBuffer>,
+    lock_error: Option<String>,
+}
+
+impl IoBuffer {
+    pub fn new(len: usize) -> Result<IoBuffer, CliError> {
+        let manager = PinnedMemoryManager::shared();
+        let mut buf = match manager.alloc(len) {
+            Ok(ptr) => IoBuffer { ptr, len, unlocked: None, lock_error: None },
+            Err(e @ deepnvme::Error::Lock { .. }) => {
+                let fallback = PageAlignedBuffer::new(len, LockMode::None)
+                    .map_err(|e| CliError::Failed(format!("allocating the {} I/O buffer: {e}", fmt_size(len as u64))))?;
+                let ptr = NonNull::new(fallback.as_ptr()).expect("mmap never returns null");
+                IoBuffer { ptr, len, unlocked: Some(fallback), lock_error: Some(e.to_string()) }
+            }
+            Err(e) => {
+                return Err(CliError::Failed(format!("allocating the {} I/O buffer: {e}", fmt_size(len as u64))))
+            }
+        };
+        buf.fill();
+        Ok(buf)
+    }
+
+    /// xorshift64 words: incompressible enough, and every page gets touched.
+    fn fill(&mut self) {
+        // SAFETY: the mapping is `len` bytes we own, page aligned.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) };
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for chunk in bytes.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the memory is locked (pinned-manager memory).
+    pub fn locked(&self) -> bool {
+        self.unlocked.is_none()
+    }
+
+    /// Why locking failed, when it did.
+    pub fn lock_error(&self) -> Option<&str> {
+        self.lock_error.as_deref()
+    }
+
+    /// The first `len` bytes as the handle sees them.
+    pub fn desc(&self, len: usize) -> BufferDesc {
+        assert!(len <= self.len, "op larger than the I/O buffer");
+        BufferDesc {
+            ptr: self.ptr.as_ptr(),
+            len,
+            is_host: true,
+            contiguous: true,
+            // Manager memory is recognised by address; the unlocked fallback
+            // is vouched for so the I/O still goes direct (see the type doc).
+            pinned: self.unlocked.is_some(),
+        }
+    }
+}
+
+impl Drop for IoBuffer {
+    fn drop(&mut self) {
+        if self.unlocked.is_none() {
+            PinnedMemoryManager::shared().free(self.ptr.as_ptr());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Timing
+
+/// User + system CPU seconds of the whole process, all threads included
+/// (the handle's workers and any io_uring kernel workers of the process).
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills a zeroed struct.
+    let r = unsafe {
+        let mut r: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut r);
+        r
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(r.ru_utime) + tv(r.ru_stime)
+}
+
+/// One timed pass over the file.
+#[derive(Clone, Copy, Debug)]
+pub struct Pass {
+    pub bytes: u64,
+    pub secs: f64,
+    pub cpu_secs: f64,
+}
+
+impl Pass {
+    pub fn gb_per_s(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.bytes as f64 / GB / self.secs
+        } else {
+            f64::INFINITY
+        }
+    }
+}
+
+/// Moves `size` bytes between the file and `buf`, in ops of `buf.len()`
+/// bytes at increasing offsets (see the module doc), reporting progress.
+pub fn run_pass(
+    handle: &IoHandle,
+    buf: &IoBuffer,
+    path: &Path,
+    size: u64,
+    direction: Direction,
+    progress: &mut Progress,
+) -> Result<Pass, CliError> {
+    let op_bytes = buf.len() as u64;
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    let mut done = 0u64;
+    while done < size {
+        if interrupted() {
+            return Err(CliError::Interrupted);
+        }
+        let len = op_bytes.min(size - done) as usize;
+        let request = OpRequest {
+            direction,
+            target: FileTarget::Path(path),
+            file_offset: done as i64,
+            buffer: buf.desc(len),
+            staging: None,
+            validate: false,
+        };
+        let fail = |e: deepnvme::Error| CliError::Failed(format!("{} pass failed: {e}", direction.verb()));
+        handle.submit(request, true).map_err(fail)?;
+        handle.wait().map_err(fail)?;
+        done += len as u64;
+        progress.update(done, size, t0.elapsed().as_secs_f64());
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu_secs = cpu_seconds() - cpu0;
+    progress.finish();
+    Ok(Pass { bytes: size, secs, cpu_secs })
+}
+
+/// Best (highest GB/s) and mean GB/s of several passes, and CPU s/GB over all.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub passes: Vec<Pass>,
+}
+
+impl Summary {
+    pub fn best_gb_per_s(&self) -> f64 {
+        self.passes.iter().map(Pass::gb_per_s).fold(0.0, f64::max)
+    }
+    pub fn mean_gb_per_s(&self) -> f64 {
+        if self.passes.is_empty() {
+            return 0.0;
+        }
+        self.passes.iter().map(Pass::gb_per_s).sum::<f64>() / self.passes.len() as f64
+    }
+    pub fn cpu_per_gb(&self) -> f64 {
+        let cpu: f64 = self.passes.iter().map(|p| p.cpu_secs).sum();
+        let bytes: u64 = self.passes.iter().map(|p| p.bytes).sum();
+        cpu / (bytes as f64 / GB)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Ctrl-C
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// The first SIGINT/SIGTERM asks the run to stop after the op in flight (so
+/// the temp file is removed); a second one kills the process as usual.
+pub fn install_interrupt_handler() {
+    // SAFETY: the handler only stores to an atomic, which is signal-safe.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESETHAND;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+    }
+}
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_rules() {
+        assert!(check_split(1 << 30, 256 << 20, 1).is_ok());
+        assert!(check_split(1 << 30, 256 << 20, 8).is_ok());
+        assert!(check_split(1000, 4096, 3).is_err());
+        assert!(check_split(4097, 4096, 2).is_err());
+        assert!(check_split(4096 * 3, 4096 * 2, 2).is_ok());
+    }
+}
