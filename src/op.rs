@@ -12,7 +12,7 @@
 //! * **Slices.** The op is cut into `intra_op_parallelism` slices whose inner
 //!   boundaries fall on page boundaries of the file, so no two workers ever
 //!   touch the same page or file-system block.
-//! * **O_DIRECT edges.** Inside a slice, the part aligned for O_DIRECT goes
+//! * **O_DIRECT edges.** Inside a slice, the whole pages (aligned for O_DIRECT) go
 //!   through the direct descriptor; unaligned heads and tails (and whole
 //!   slices whose memory cannot be aligned) go through a buffered descriptor,
 //!   before the direct part, so the page cache never holds stale copies of
@@ -248,8 +248,15 @@ fn split_slice(
         len: (to - from) as usize,
     };
     if let Some((dfd, a)) = direct {
-        let body_start = round_up(s, a.offset as u64);
-        let body_end = round_down(e, a.offset as u64);
+        // The direct body covers whole pages, not just whole O_DIRECT units:
+        // a page that holds bytes outside this op may be written buffered by
+        // another op at the same time (a neighbouring range of the same file),
+        // and a direct write into a page that is dirty in the page cache
+        // fails to invalidate it, so the stale page is later written back
+        // over the direct bytes (seen as corruption by the stress tests).
+        let grain = page_size().max(a.offset) as u64;
+        let body_start = round_up(s, grain);
+        let body_end = round_down(e, grain);
         let body_mem = mem as usize + (body_start.min(e) - s) as usize;
         if body_start < body_end && body_mem % a.memory == 0 {
             let bfd = || buffered_fd.expect("buffered descriptor opened for unaligned edges");
