@@ -263,3 +263,60 @@ fn engines_report_end_of_file_as_enodata_with_offset() {
         }
     }
 }
+
+/// For many random ops: the slices cover the op exactly once, each slice's
+/// buffered edges come before its direct body, and every O_DIRECT segment
+/// covers whole pages only, so no page is written both directly by one op
+/// and buffered by a neighbouring op (which corrupts data: a dirty page that
+/// a direct write cannot invalidate is written back over it later).
+#[test]
+fn plans_cover_the_op_exactly_and_direct_segments_own_whole_pages() {
+    let dir = TempDir::new("plans");
+    let path = dir.file("f.bin");
+    write_file(&path, &vec![0u8; 1 << 20]);
+    let m = PinnedMemoryManager::shared();
+    let page = page_size() as u64;
+    let mut rng = Rng::new(0x9A7);
+    let region = Pinned::new((1 << 20) + 8192);
+    let mut direct_seen = 0;
+    for _ in 0..400 {
+        let par = rng.range(1, 4);
+        let len = rng.range(0, 300_000);
+        let off = [0, 1, 511, 512, 4095, 4096, 4097, rng.range(0, 500_000)][rng.range(0, 7)] as u64;
+        // Memory skewed like the file offset (so the body can go direct), or randomly.
+        let skew = if rng.range(0, 1) == 0 { off as usize % 4096 } else { rng.range(0, 4095) };
+        let direction = if rng.range(0, 1) == 0 { Direction::Read } else { Direction::Write };
+        let knobs = Knobs { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
+        let req = request(direction, FileTarget::Path(&path), off as i64, region.narrow(skew, len));
+        let op = CpuOp::prepare(req, par, knobs, m).unwrap();
+        let plan = op.plan();
+        let mut covered: Vec<(u64, u64)> = Vec::new();
+        for s in &plan.slices {
+            for seg in s.buffered.iter().chain(&s.direct) {
+                // Memory and file stay in step.
+                assert_eq!(seg.addr as usize - region.ptr() as usize - skew, (seg.file_offset - off) as usize);
+                covered.push((seg.file_offset, seg.file_offset + seg.len as u64));
+            }
+            for seg in &s.direct {
+                direct_seen += 1;
+                let end = seg.file_offset + seg.len as u64;
+                assert!(
+                    seg.file_offset % page == 0 && end % page == 0,
+                    "off={off} len={len} par={par}: direct segment [{}, {end}) shares a page with bytes outside it",
+                    seg.file_offset
+                );
+                assert_eq!(seg.addr as usize % 512, 0, "O_DIRECT memory alignment");
+            }
+        }
+        covered.sort();
+        let mut at = off;
+        for (a, b) in covered {
+            assert_eq!(a, at, "off={off} len={len} par={par}: gap or overlap at {at}");
+            assert!(b > a, "empty segment");
+            at = b;
+        }
+        assert_eq!(at, off + len as u64, "off={off} len={len} par={par}: plan does not reach the end");
+        drop(op);
+    }
+    assert!(direct_seen > 100, "the random ops exercised the direct path ({direct_seen} segments)");
+}
