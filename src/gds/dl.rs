@@ -1,0 +1,155 @@
+//! Just enough `dlopen`/`dlsym` to load libcufile and libcuda by hand.
+//!
+//! cudarc's dynamic loading panics when a library or a symbol is missing, and
+//! its list of names lacks `libcufile.so.0` (the soname every NVIDIA build of
+//! cuFile carries, and the one torch links against). Loading here turns every
+//! miss into an error message instead.
+//!
+//! Libraries are never unloaded: libcufile and libcuda keep threads and
+//! global state that do not survive `dlclose`, and the process-wide driver
+//! keeps using them for the life of the process.
+
+use std::ffi::{c_void, CStr, CString};
+
+/// A loaded shared library. Dropping it does not unload it.
+pub(crate) struct Library {
+    handle: *mut c_void,
+    /// The name or path it was opened by.
+    pub name: String,
+}
+
+// SAFETY: a dlopen handle may be used from any thread.
+unsafe impl Send for Library {}
+unsafe impl Sync for Library {}
+
+/// The text of the calling thread's last dl* error, without the leading
+/// "name: " that glibc repeats.
+fn dl_error(name: &str) -> String {
+    // SAFETY: dlerror returns a thread-local, NUL-terminated string or NULL.
+    let p = unsafe { libc::dlerror() };
+    if p.is_null() {
+        return "unknown dlopen error".to_string();
+    }
+    // SAFETY: non-NULL dlerror text is a valid C string until the next dl* call.
+    let text = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    match text.strip_prefix(name).and_then(|t| t.strip_prefix(": ")) {
+        Some(rest) => rest.to_string(),
+        None => text,
+    }
+}
+
+impl Library {
+    /// `dlopen(name, RTLD_NOW | RTLD_LOCAL)`. A bare name is searched the
+    /// way the dynamic linker does (already-loaded objects by soname first,
+    /// then RPATH/LD_LIBRARY_PATH/ld.so.cache); a name with a '/' is a path.
+    pub fn open(name: &str) -> Result<Library, String> {
+        let c = CString::new(name).map_err(|_| "the name contains a NUL byte".to_string())?;
+        // SAFETY: clears any stale error; dlopen gets a valid C string.
+        let handle = unsafe {
+            libc::dlerror();
+            libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL)
+        };
+        if handle.is_null() {
+            return Err(dl_error(name));
+        }
+        Ok(Library { handle, name: name.to_string() })
+    }
+
+    /// The address of `symbol`, or `None` when the library lacks it.
+    pub fn raw_symbol(&self, symbol: &str) -> Option<*mut c_void> {
+        let c = CString::new(symbol).ok()?;
+        // SAFETY: a live handle and a valid C string.
+        let p = unsafe { libc::dlsym(self.handle, c.as_ptr()) };
+        (!p.is_null()).then_some(p)
+    }
+
+    /// The file this library was loaded from, found through one of its
+    /// symbols (for messages; `None` when the loader does not say).
+    pub fn path_of(&self, symbol: &str) -> Option<String> {
+        let addr = self.raw_symbol(symbol)?;
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: `addr` is a symbol address inside a loaded object; `info` is writable.
+        if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        // SAFETY: dladdr filled a valid C string owned by the loader.
+        Some(unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned())
+    }
+}
+
+/// Resolves `symbol` into the function pointer type `F`.
+///
+/// # Safety
+/// `F` must be an `unsafe extern "C" fn` type whose signature matches the C
+/// declaration of `symbol`.
+pub(crate) unsafe fn function<F: Copy>(lib: &Library, symbol: &str) -> Option<F> {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
+    let p = lib.raw_symbol(symbol)?;
+    // SAFETY: the caller guarantees F is a matching function pointer type, of pointer size.
+    Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+}
+
+/// Opens the first candidate that loads. On failure the message lists every
+/// name tried: those that simply were not found together, any other reason
+/// (a wrong architecture, a missing dependency) next to its name.
+pub(crate) fn open_first(candidates: &[String]) -> Result<Library, String> {
+    let mut not_found = Vec::new();
+    let mut other = Vec::new();
+    for name in candidates {
+        match Library::open(name) {
+            Ok(lib) => return Ok(lib),
+            Err(why) if why.contains("No such file or directory") => not_found.push(name.as_str()),
+            Err(why) => other.push(format!("{name} ({why})")),
+        }
+    }
+    let mut parts = Vec::new();
+    if !not_found.is_empty() {
+        parts.push(format!("not found: {}", not_found.join(", ")));
+    }
+    if !other.is_empty() {
+        parts.push(format!("failed to load: {}", other.join(", ")));
+    }
+    if parts.is_empty() {
+        parts.push("no names to try".to_string());
+    }
+    Err(parts.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_first_lists_every_name_tried() {
+        let names = vec!["libdeepnvme-nonexistent-a.so.0".to_string(), "/nonexistent/dir/libb.so".to_string()];
+        let err = open_first(&names).err().expect("bogus names must not load");
+        assert!(err.contains("libdeepnvme-nonexistent-a.so.0"), "{err}");
+        assert!(err.contains("/nonexistent/dir/libb.so"), "{err}");
+        assert!(err.starts_with("not found:"), "{err}");
+    }
+
+    #[test]
+    fn open_first_takes_the_first_that_loads_and_resolves_symbols() {
+        let names = vec!["libdeepnvme-nonexistent.so".to_string(), "libc.so.6".to_string()];
+        let lib = open_first(&names).expect("libc loads");
+        assert_eq!(lib.name, "libc.so.6");
+        type Getpid = unsafe extern "C" fn() -> libc::pid_t;
+        // SAFETY: getpid's C signature is `pid_t getpid(void)`.
+        let getpid: Getpid = unsafe { function(&lib, "getpid") }.expect("getpid is in libc");
+        assert_eq!(unsafe { getpid() }, std::process::id() as libc::pid_t);
+        assert!(unsafe { function::<Getpid>(&lib, "deepnvme_no_such_symbol") }.is_none());
+        assert!(lib.path_of("getpid").is_some_and(|p| p.contains("libc")));
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_library_is_reported_with_its_reason() {
+        let dir = std::env::temp_dir().join(format!("deepnvme-dl-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("libcufile.so.0");
+        std::fs::write(&fake, b"not an ELF file").unwrap();
+        let err = open_first(&[fake.display().to_string()]).err().expect("garbage must not load");
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(err.starts_with("failed to load:"), "{err}");
+        assert!(err.contains("libcufile.so.0"), "{err}");
+    }
+}

@@ -1,0 +1,223 @@
+//! Finding libcufile and libcuda, and checking that a GPU is there, without
+//! ever panicking, hanging or exiting.
+//!
+//! Lookup order for libcufile:
+//! 1. `DEEPNVME_CUFILE_LIB`, when set: that name or path ONLY (an explicit
+//!    choice is never silently replaced by another copy);
+//! 2. `libcufile.so.0`: the soname of every NVIDIA build. Inside a process
+//!    where torch is loaded this finds torch's own copy (libtorch_cuda links
+//!    `libcufile.so.0`), so the process keeps ONE cuFile driver;
+//! 3. `libcufile.so`, `libcufile.so.1`, then cudarc's candidate names
+//!    (`cudarc::get_lib_name_candidates("cufile")`), which lack `.so.0`.
+//!
+//! libcuda: `DEEPNVME_CUDA_LIB` alone when set, else `libcuda.so.1`,
+//! `libcuda.so`, then cudarc's candidates.
+//!
+//! Bare names are searched by the dynamic linker (LD_LIBRARY_PATH, RPATH,
+//! ld.so.cache, and objects already loaded by soname).
+
+use std::sync::OnceLock;
+
+use super::api::{CuFileApi, CudaApi};
+use super::dl;
+
+/// Environment variable naming the libcufile to load (a path or a name).
+pub const CUFILE_LIB_ENV: &str = "DEEPNVME_CUFILE_LIB";
+/// Environment variable naming the libcuda to load (a path or a name).
+pub const CUDA_LIB_ENV: &str = "DEEPNVME_CUDA_LIB";
+
+/// The names tried for each library, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LibSearch {
+    pub cufile: Vec<String>,
+    pub cuda: Vec<String>,
+    /// Where each list came from, for messages ("DEEPNVME_CUFILE_LIB" or "default").
+    pub cufile_origin: &'static str,
+    pub cuda_origin: &'static str,
+}
+
+fn with_cudarc_candidates(mut first: Vec<String>, lib: &str) -> Vec<String> {
+    for name in cudarc::get_lib_name_candidates(lib) {
+        if !first.contains(&name) {
+            first.push(name);
+        }
+    }
+    first
+}
+
+impl LibSearch {
+    /// The search this process uses: the environment overrides, else the
+    /// default lists (see the module documentation).
+    pub fn from_env() -> LibSearch {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let (cufile, cufile_origin) = match var(CUFILE_LIB_ENV) {
+            Some(v) => (vec![v], CUFILE_LIB_ENV),
+            None => (Self::default_cufile_names(), "default"),
+        };
+        let (cuda, cuda_origin) = match var(CUDA_LIB_ENV) {
+            Some(v) => (vec![v], CUDA_LIB_ENV),
+            None => (Self::default_cuda_names(), "default"),
+        };
+        LibSearch { cufile, cuda, cufile_origin, cuda_origin }
+    }
+
+    /// `libcufile.so.0`, `libcufile.so`, `libcufile.so.1`, then cudarc's names.
+    pub fn default_cufile_names() -> Vec<String> {
+        with_cudarc_candidates(vec!["libcufile.so.0".into(), "libcufile.so".into(), "libcufile.so.1".into()], "cufile")
+    }
+
+    /// `libcuda.so.1`, `libcuda.so`, then cudarc's names.
+    pub fn default_cuda_names() -> Vec<String> {
+        with_cudarc_candidates(vec!["libcuda.so.1".into(), "libcuda.so".into()], "cuda")
+    }
+}
+
+/// Everything GDS needs from the machine, once found.
+pub(crate) struct Gpu {
+    pub cufile: CuFileApi,
+    pub cuda: CudaApi,
+    pub devices: i32,
+    pub summary: String,
+}
+
+fn load_cufile(search: &LibSearch) -> Result<CuFileApi, String> {
+    let lib = dl::open_first(&search.cufile).map_err(|why| {
+        let hint = if search.cufile_origin == "default" {
+            format!(
+                "install cuFile (the CUDA toolkit's libcufile, or `pip install nvidia-cufile-cu12`) and make it \
+                 findable through LD_LIBRARY_PATH, or set {CUFILE_LIB_ENV}=/path/to/libcufile.so.0"
+            )
+        } else {
+            format!("{CUFILE_LIB_ENV} is set, so only that was tried")
+        };
+        format!("libcufile (cuFile, the GPUDirect Storage library) was not found ({why}); {hint}")
+    })?;
+    CuFileApi::load(lib)
+}
+
+fn load_cuda(search: &LibSearch) -> Result<CudaApi, String> {
+    let lib = dl::open_first(&search.cuda).map_err(|why| {
+        let hint = if search.cuda_origin == "default" {
+            "is the NVIDIA driver installed, and its libcuda.so.1 visible in this container?".to_string()
+        } else {
+            format!("{CUDA_LIB_ENV} is set, so only that was tried")
+        };
+        format!("libcuda (the NVIDIA driver's CUDA library) was not found ({why}); {hint}")
+    })?;
+    CudaApi::load(lib)
+}
+
+/// Loads both libraries and checks for a device, without opening the cuFile
+/// driver. Every problem found is named; when both libraries are missing the
+/// message says so for each.
+pub(crate) fn check_environment(search: &LibSearch) -> Result<Gpu, String> {
+    let cufile = load_cufile(search);
+    let cuda = load_cuda(search);
+    let (cufile, cuda) = match (cufile, cuda) {
+        (Ok(f), Ok(c)) => (f, c),
+        (Err(f), Err(c)) => return Err(format!("{f}; {c}")),
+        (Err(f), Ok(c)) => return Err(format!("{f} (libcuda is at {})", c.path)),
+        (Ok(f), Err(c)) => {
+            return Err(format!("{c} (libcufile {}is at {})", f.version().map(|v| v + " ").unwrap_or_default(), f.path))
+        }
+    };
+    let found = format!(
+        "libcufile {}at {}, libcuda at {}{}",
+        cufile.version().map(|v| v + " ").unwrap_or_default(),
+        cufile.path,
+        cuda.path,
+        cuda.driver_version().map(|v| format!(" (driver CUDA {v})")).unwrap_or_default()
+    );
+    cuda.init().map_err(|e| format!("the NVIDIA driver is not usable: {e} ({found})"))?;
+    let devices = cuda.device_count().map_err(|e| format!("{e} ({found})"))?;
+    if devices < 1 {
+        return Err(format!(
+            "no CUDA device is visible (cuDeviceGetCount = {devices}; check CUDA_VISIBLE_DEVICES) ({found})"
+        ));
+    }
+    let names: Vec<String> =
+        (0..devices).map(|d| cuda.device_name(d).unwrap_or_else(|| format!("device {d}"))).collect();
+    let summary = format!("{found}; {devices} device(s): {}", names.join(", "));
+    Ok(Gpu { cufile, cuda, devices, summary })
+}
+
+/// The process's libraries and devices, checked once.
+pub(crate) fn environment() -> Result<&'static Gpu, String> {
+    static ENV: OnceLock<Result<Gpu, String>> = OnceLock::new();
+    match ENV.get_or_init(|| super::catch_panic_str(|| check_environment(&LibSearch::from_env())).and_then(|r| r)) {
+        Ok(g) => Ok(g),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pip_cufile() -> Option<String> {
+        super::super::tests::pip_libcufile()
+    }
+
+    #[test]
+    fn default_names_include_the_soname_cudarc_lacks() {
+        let names = LibSearch::default_cufile_names();
+        assert_eq!(names[0], "libcufile.so.0");
+        assert!(!cudarc::get_lib_name_candidates("cufile").contains(&"libcufile.so.0".to_string()));
+        assert!(names.contains(&"libcufile.so".to_string()));
+        let mut dedup = names.clone();
+        dedup.sort();
+        dedup.dedup();
+        assert_eq!(dedup.len(), names.len(), "no name is tried twice");
+        assert_eq!(LibSearch::default_cuda_names()[0], "libcuda.so.1");
+    }
+
+    #[test]
+    fn missing_libraries_are_each_named_with_the_names_tried() {
+        let search = LibSearch {
+            cufile: vec!["libcufile-deepnvme-bogus.so.0".into(), "/nonexistent/libcufile.so".into()],
+            cuda: vec!["libcuda-deepnvme-bogus.so.1".into()],
+            cufile_origin: "default",
+            cuda_origin: "default",
+        };
+        let err = check_environment(&search).err().expect("bogus names cannot load");
+        assert!(err.contains("libcufile (cuFile"), "{err}");
+        assert!(err.contains("libcufile-deepnvme-bogus.so.0") && err.contains("/nonexistent/libcufile.so"), "{err}");
+        assert!(err.contains("libcuda (the NVIDIA driver"), "{err}");
+        assert!(err.contains("libcuda-deepnvme-bogus.so.1"), "{err}");
+        assert!(err.contains(CUFILE_LIB_ENV), "the hint names the override: {err}");
+    }
+
+    #[test]
+    fn an_explicit_override_says_it_was_the_only_name_tried() {
+        let search = LibSearch {
+            cufile: vec!["/nonexistent/override/libcufile.so.0".into()],
+            cuda: vec!["libc.so.6".into()],
+            cufile_origin: CUFILE_LIB_ENV,
+            cuda_origin: CUDA_LIB_ENV,
+        };
+        let err = check_environment(&search).err().expect("must fail");
+        assert!(err.contains("/nonexistent/override/libcufile.so.0"), "{err}");
+        assert!(err.contains("only that was tried"), "{err}");
+        // libc loads but is not libcuda: the missing symbol is named.
+        assert!(err.contains("cuInit"), "{err}");
+    }
+
+    #[test]
+    fn libcufile_present_without_the_driver_is_a_clear_error() {
+        let Some(path) = pip_cufile() else {
+            eprintln!("skipped: no pip-installed libcufile.so.0 on this machine");
+            return;
+        };
+        let search = LibSearch {
+            cufile: vec![path.clone()],
+            cuda: vec!["libcuda-deepnvme-bogus.so.1".into()],
+            cufile_origin: CUFILE_LIB_ENV,
+            cuda_origin: "default",
+        };
+        let err = check_environment(&search).err().expect("no libcuda: must fail");
+        assert!(err.contains("libcuda (the NVIDIA driver"), "{err}");
+        assert!(err.contains("libcuda-deepnvme-bogus.so.1"), "{err}");
+        assert!(err.contains("libcufile") && err.contains("is at"), "names the libcufile found: {err}");
+        assert!(!err.contains("libcufile (cuFile, the GPUDirect Storage library) was not found"), "{err}");
+    }
+}
