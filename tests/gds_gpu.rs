@@ -193,7 +193,24 @@ fn gds_roundtrip_on_a_gpu() {
     // SAFETY: detach any context from this thread.
     assert_eq!(unsafe { (cuda.set_current)(std::ptr::null_mut()) }, 0);
     let w = GdsTransfer { direction: Direction::Write, fd, file_offset: 0, device_ptr: src, len, device_ordinal: 0 };
-    guard.run_transfer(&w, 4, MIB).expect("GDS write");
+    match guard.run_transfer(&w, 4, MIB) {
+        Ok(()) => {}
+        Err(Error::Transfer(t)) if t.detail.as_deref().is_some_and(|d| d.contains("cuFileHandleRegister")) => {
+            // cuFile cannot use this file system on this machine (e.g. no udev
+            // in a VM or container: "udev property not found"). Not ours to fix.
+            eprintln!("skipped: cuFile refuses files in {}: {t}", dir.display());
+            cuda.make_current();
+            drop(guard);
+            assert_eq!(GdsDriver::open_count(), 0);
+            // SAFETY: closing our fd.
+            unsafe { libc::close(fd) };
+            cuda.free(src);
+            cuda.free(dst);
+            std::fs::remove_file(&path).ok();
+            return;
+        }
+        Err(e) => panic!("GDS write: {e}"),
+    }
     assert!(cuda.current().is_null(), "the caller's current context is put back");
     cuda.make_current();
     // SAFETY: fsync of our fd.
