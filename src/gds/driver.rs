@@ -116,6 +116,12 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
         self.state.lock().session.as_ref().map(|s| s.knobs)
     }
 
+    /// The last `max` lines cuFile logged into our config directory while
+    /// open (empty when closed, or when the user's config sends it elsewhere).
+    pub fn log_tail(&self, max: usize) -> Vec<String> {
+        self.state.lock().session.as_ref().and_then(|s| s.config.as_ref().map(|c| c.log_lines(max))).unwrap_or_default()
+    }
+
     /// The config file in use while open (`None`: closed, or the user's own).
     pub fn config_file(&self) -> Option<PathBuf> {
         self.state.lock().session.as_ref().and_then(|s| s.config.as_ref().map(|c| c.file().to_path_buf()))

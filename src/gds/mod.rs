@@ -63,6 +63,25 @@ fn catch<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     catch_panic_str(f).unwrap_or_else(|m| Err(Error::Gds(m)))
 }
 
+/// Adds cuFile's own explanation to a refused file registration: cuFile
+/// logs why (most often, no udev database in a container or VM) but returns
+/// only `CU_FILE_HANDLE_NOT_REGISTERED`.
+fn with_cufile_log(e: Error, log: Vec<String>) -> Error {
+    let Error::Transfer(mut t) = e else { return e };
+    let Some(detail) = t.detail.as_mut() else { return Error::Transfer(t) };
+    if !detail.contains("cuFileHandleRegister") || log.is_empty() {
+        return Error::Transfer(t);
+    }
+    detail.push_str(&format!("; cuFile log: {}", log.join(" | ")));
+    if log.iter().any(|l| l.contains("udev")) {
+        detail.push_str(
+            "; cuFile reads file-system properties from the udev database (/run/udev): in a container, \
+             mount it (--volume /run/udev:/run/udev:ro)",
+        );
+    }
+    Error::Transfer(t)
+}
+
 /// Whether GPUDirect Storage can work in this process.
 ///
 /// `Ok(())` when libcufile and libcuda load, `cuInit` succeeds, a CUDA
@@ -206,8 +225,10 @@ impl GdsDriverGuard {
             let gpu = probe::environment().map_err(Error::Gds)?;
             let core = self.guard.core();
             let ctx = core.ops.context(t.device_ordinal).map_err(Error::Gds)?;
-            let regions = core.regions();
-            transfer::run(gpu, ctx, &regions, t, parallelism, block_size)
+            // The table stays read-locked for the whole transfer (deregistration waits),
+            // and is let go before the driver state is read (lock order: state, then table).
+            let result = transfer::run(gpu, ctx, &core.regions(), t, parallelism, block_size);
+            result.map_err(|e| with_cufile_log(e, core.log_tail(6)))
         })
     }
 }
@@ -252,6 +273,24 @@ pub(crate) mod tests {
             Err(Error::Gds(m)) => assert!(m.contains("static str")),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_refused_file_registration_carries_cufiles_reason() {
+        let t = crate::TransferError {
+            direction: crate::Direction::Write,
+            path: None,
+            fd: 7,
+            file_offset: 0,
+            len: 4096,
+            errno: libc::EIO,
+            detail: Some("cuFileHandleRegister(fd 7) failed: CU_FILE_HANDLE_NOT_REGISTERED (5027)".into()),
+        };
+        let log = vec!["ERROR cufio-udev:67 udev property not found: ID_FS_USAGE vda".to_string()];
+        let msg = with_cufile_log(Error::Transfer(t.clone()), log.clone()).to_string();
+        assert!(msg.contains("ID_FS_USAGE") && msg.contains("/run/udev"), "{msg}");
+        let other = crate::TransferError { detail: Some("cuFileRead returned -5".into()), ..t };
+        assert!(!with_cufile_log(Error::Transfer(other), log).to_string().contains("cuFile log"));
     }
 
     #[test]
