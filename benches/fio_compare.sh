@@ -156,7 +156,10 @@ print(f"{gbps:.4f} {cpu:.4f}")
 EOF
 get() { python3 "$WORK/get.py" "$@"; }
 
-DS_COMMON=(--file "$FILE" --size "$BYTES" --block-size "$BS_BYTES" --queue-depth "$IODEPTH" --parallelism 1 --quiet --json)
+# --keep: this script removes the file itself (deepnvme would remove a file
+# it created as soon as that one run ends).
+DS_COMMON=(--file "$FILE" --keep --size "$BYTES" --block-size "$BS_BYTES" --queue-depth "$IODEPTH" --parallelism 1
+           --quiet --json)
 [[ -n $BUFFER_SIZE ]] && DS_COMMON+=(--buffer-size "$BUFFER_BYTES")
 FIO_COMMON=(--name=fio_compare "--filename=$FILE" "--size=$BYTES" --direct=1 --ioengine=io_uring
             "--bs=$BS_BYTES" "--iodepth=$IODEPTH" --numjobs=1 --output-format=json)
@@ -172,7 +175,7 @@ echo "writing the file once (untimed) ..." >&2
 # Pick the fastest single_submit/overlap_events combination per direction.
 if [[ $PICK_WRITE == 1 || $PICK_READ == 1 ]]; then
     echo "picking deepnvme's fastest --single-submit/--overlap-events (deepnvme tune: 4 points, 2 loops) ..." >&2
-    TUNE=(tune --file "$FILE" --size "$BYTES" --block-size "$BS_BYTES" --queue-depth "$IODEPTH" --parallelism 1
+    TUNE=(tune --file "$FILE" --keep --size "$BYTES" --block-size "$BS_BYTES" --queue-depth "$IODEPTH" --parallelism 1
           --loops 2 --quiet --json)
     [[ -n $BUFFER_SIZE ]] && TUNE+=(--buffer-size "$BUFFER_BYTES")
     "$BIN" "${TUNE[@]}" >"$WORK/tune.json" || die "deepnvme tune failed"

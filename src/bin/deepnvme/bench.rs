@@ -40,8 +40,9 @@ What to move:
                                existing --file: the file's size]
       --buffer-size SIZE       bytes per op (and locked buffer) [256M, or
                                --size when smaller]
-  -f, --file PATH              use this file (an existing file is
-                               overwritten in place, never removed)
+  -f, --file PATH              use this file: an existing one is
+                               overwritten in place and never removed; a
+                               new one is removed afterwards unless --keep
   -d, --dir DIR                put the temp file in DIR [current directory]
       --keep                   do not remove the file the tool created
   -n, --loops N                repeat the passes N times; report best and
@@ -166,6 +167,7 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
     if must_prepare {
         let mut progress = Progress::new(mode, "preparing (write)");
         runner::run_pass(&handle, &buffer, file.path(), size, Direction::Write, &mut progress)?;
+        file.warn_if_sparse(size);
     }
 
     let mut writes = Summary { passes: Vec::new() };
@@ -175,6 +177,9 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
         if common.do_write() {
             let mut progress = Progress::new(mode, format!("write{tag}"));
             writes.passes.push(runner::run_pass(&handle, &buffer, file.path(), size, Direction::Write, &mut progress)?);
+            if round == 0 {
+                file.warn_if_sparse(size);
+            }
         }
         if common.do_read() {
             let mut progress = Progress::new(mode, format!("read{tag}"));

@@ -213,6 +213,25 @@ impl BenchFile {
         std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
     }
 
+    /// Warns when the first `size` bytes cannot all be on disk after a
+    /// write pass (the file occupies fewer bytes than that): reads of holes
+    /// never reach the device, so read GB/s would be inflated. A write path
+    /// that truncates the file (O_TRUNC on every op) shows up this way.
+    pub fn warn_if_sparse(&self, size: u64) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(m) = std::fs::metadata(&self.path) else { return };
+        let on_disk = m.blocks() * 512;
+        if on_disk < size {
+            eprintln!(
+                "deepnvme: warning: after writing {} to {}, the file occupies only {} on disk; \
+                 it has holes (was it truncated by an op?), and reads of holes never reach the device",
+                fmt_size(size),
+                self.path.display(),
+                fmt_size(on_disk)
+            );
+        }
+    }
+
     /// Fails early when the file system cannot hold `size` bytes of file.
     pub fn check_space(&self, size: u64) -> Result<(), CliError> {
         let need = size.saturating_sub(self.len());

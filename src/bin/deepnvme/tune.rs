@@ -41,7 +41,8 @@ Grids (comma-separated lists):
 What to move (per point):
   -s, --size SIZE              bytes per pass [256M]
       --buffer-size SIZE       bytes per op [256M, or --size when smaller]
-  -f, --file PATH              use this file (never removed if it existed)
+  -f, --file PATH              use this file: an existing one is never
+                               removed; a new one is unless --keep
   -d, --dir DIR                put the temp file in DIR [current directory]
       --keep                   do not remove the file the tool created
   -n, --loops N                measure each point N times, keep the best [1]
@@ -214,6 +215,7 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
             let mut progress = Progress::new(mode, "preparing (write)");
             runner::run_pass(&handle, &buffer, file.path(), size, Direction::Write, &mut progress)?;
         }
+        file.warn_if_sparse(size);
         handle.engine_kind().name()
     };
 
