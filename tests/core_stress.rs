@@ -269,6 +269,14 @@ fn neighbouring_ops_sharing_a_page_do_not_corrupt_each_other() {
             });
             // A: [0, 10000), checked after every write.
             let a = s.spawn(move || {
+                // Stops B even if this thread panics (else the scope never ends).
+                struct StopOnDrop<'a>(&'a AtomicBool);
+                impl Drop for StopOnDrop<'_> {
+                    fn drop(&mut self) {
+                        self.0.store(true, Ordering::Relaxed);
+                    }
+                }
+                let _stop = StopOnDrop(stop);
                 let h = handle_with(engine, 1 << 20, 8, false, false, 1);
                 let mut p = Pinned::new(10_000);
                 let q = Pinned::new(10_000);
@@ -280,7 +288,6 @@ fn neighbouring_ops_sharing_a_page_do_not_corrupt_each_other() {
                     h.pread(q.desc(), FileTarget::Path(path), 0, false).unwrap();
                     bad += (q.as_slice() != p.as_slice()) as usize;
                 }
-                stop.store(true, Ordering::Relaxed);
                 bad
             });
             a.join().unwrap()
