@@ -190,7 +190,9 @@ impl Drop for TinyFs {
             // SAFETY: a valid C string; MNT_DETACH so a stray descriptor cannot keep it mounted.
             let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
             if rc != 0 {
-                eprintln!("umount {}: {}", self.dir.path().display(), std::io::Error::last_os_error());
+                use std::io::Write;
+                let err = std::io::Error::last_os_error();
+                let _ = writeln!(std::io::stderr(), "umount {} failed: {err}", self.dir.path().display());
             }
         }
     }
@@ -201,7 +203,7 @@ fn a_full_file_system_is_enospc_never_a_silent_success() {
     let fs = match TinyFs::mount("64k") {
         Ok(fs) => fs,
         Err(why) => {
-            eprintln!("SKIPPED: ENOSPC test not run: {why} (needs CAP_SYS_ADMIN)");
+            skip(&format!("ENOSPC test not run: {why} (needs CAP_SYS_ADMIN)"));
             return;
         }
     };

@@ -191,7 +191,7 @@ fn lockable_pages(want: usize) -> usize {
     }
     let can = (soft as usize / page_size()).saturating_sub(64);
     if can < want {
-        eprintln!("note: RLIMIT_MEMLOCK {soft} bytes: testing {can} regions instead of {want}");
+        skip(&format!("RLIMIT_MEMLOCK is {soft} bytes: testing {can} regions instead of {want}"));
     }
     can.min(want)
 }
@@ -422,9 +422,9 @@ fn mlock_failure_is_an_error_naming_size_and_limit() {
     let why = match code {
         child::PASS => return,
         child::SKIP_CANNOT_DROP => {
-            eprintln!(
-                "SKIPPED: mlock failure path not tested: cannot drop CAP_IPC_LOCK \
-                 (setuid to nobody failed or the capability stayed), so RLIMIT_MEMLOCK is not enforced"
+            skip(
+                "mlock failure path not tested: cannot drop CAP_IPC_LOCK \
+                 (setuid to nobody failed or the capability stayed), so RLIMIT_MEMLOCK is not enforced",
             );
             return;
         }

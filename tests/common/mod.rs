@@ -94,6 +94,13 @@ pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
     }
 }
 
+/// Reports a skipped check on stderr, past libtest's output capture (which
+/// hides `eprintln!` of passing tests), so a skip is never silent.
+pub fn skip(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+}
+
 /// The engines to run every test body with. io_uring is skipped (loudly)
 /// only when the kernel refuses it, unless DEEPNVME_TEST_REQUIRE_URING is
 /// set, which turns the skip into a failure.
@@ -104,7 +111,7 @@ pub fn engines() -> Vec<EngineKind> {
             if std::env::var_os("DEEPNVME_TEST_REQUIRE_URING").is_some() {
                 panic!("io_uring is unavailable ({why}) but DEEPNVME_TEST_REQUIRE_URING is set");
             }
-            eprintln!("SKIPPED: io_uring engine not tested: io_uring is unavailable here: {why}");
+            skip(&format!("io_uring engine not tested: io_uring is unavailable here: {why}"));
             vec![EngineKind::Psync]
         }
     }
@@ -149,7 +156,9 @@ unsafe impl Sync for Pinned {}
 
 impl Pinned {
     pub fn new(len: usize) -> Pinned {
-        let ptr = PinnedMemoryManager::shared().alloc(len).expect("pinned alloc");
+        let ptr = PinnedMemoryManager::shared()
+            .alloc(len)
+            .unwrap_or_else(|e| panic!("pinned alloc of {len} bytes for a test buffer: {e}"));
         Pinned { ptr, len }
     }
     pub fn with(data: &[u8]) -> Pinned {
