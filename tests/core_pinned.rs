@@ -186,7 +186,7 @@ fn adjacent_full_page_regions_do_not_merge() {
 fn lockable_pages(want: usize) -> usize {
     let (soft, _) = deepnvme::pinned::memlock_limit();
     let privileged = unsafe { libc::geteuid() } == 0;
-    if privileged || soft == libc::RLIM_INFINITY as u64 {
+    if privileged || soft == libc::RLIM_INFINITY {
         return want;
     }
     let can = (soft as usize / page_size()).saturating_sub(64);
@@ -320,7 +320,7 @@ fn shared_manager_is_one_per_process_and_backs_is_pinned() {
     assert!(h.is_pinned(p, n, false));
     assert!(h.is_pinned(unsafe { p.add(3) }, 100, false), "narrow");
     assert!(!h.is_pinned(p, n + 1, false), "overrun");
-    let heap = vec![0u8; 64];
+    let heap = [0u8; 64];
     assert!(!h.is_pinned(heap.as_ptr(), 64, false));
     assert!(h.is_pinned(heap.as_ptr(), 64, true), "declared pinned (torch-pinned) counts");
     assert!(a.free(p));
