@@ -122,8 +122,10 @@ fn the_handle_closes_every_descriptor_it_opens() {
             let h = handle_with(engine, 4096, 8, false, false, 2);
             let data = Pinned::with(&pattern(4, 3 * 4096 + 2));
             let path = dir.file("f.bin");
-            // Warm up: the inline engine (an io_uring fd) is created lazily.
+            // Warm up: the inline engine and each worker's engine (io_uring
+            // fds) are created lazily, the workers' on their own threads.
             h.transfer_inline(request(Direction::Write, FileTarget::Path(&path), 0, data.desc())).unwrap();
+            h.pwrite(data.desc(), FileTarget::Path(&path), 0, false).unwrap();
             let with_handle = open_fd_count();
             let mut heap = vec![0u8; 5000];
             for i in 0..60usize {
