@@ -152,7 +152,10 @@ fn is_managed_accepts_whole_narrows_views_and_rejects_overruns_and_gaps() {
     // After free.
     assert!(m.free(a));
     assert!(!m.is_managed(a, 1));
-    assert!(!m.is_managed(a, 0));
+    assert!(!m.is_managed(a, n));
+    // An empty extent at `a` is managed only as the end of `b`, when `b`'s
+    // (full-page) mapping sits right below `a`.
+    assert_eq!(m.is_managed(a, 0), b as usize + page == a as usize);
     assert_eq!(m.region_of(a), None);
     assert!(m.is_managed(b, page));
     assert!(m.free(b));
