@@ -47,8 +47,22 @@ def log(msg):
     print(msg, flush=True)
 
 
+# A machine without Rust (e.g. a GPU box that cannot reach crates.io) can use
+# a core built elsewhere for the same architecture: a folder holding
+# libdeepnvme.a and cxxbridge/include (see tests/gpu/stage-core.sh).
+PREBUILT_CORE_ENV = "DEEPNVME_PREBUILT_CORE"
+
+
 def cargo_build():
     """Builds the Rust static library; returns (path to .a, cxx include dir)."""
+    prebuilt = os.environ.get(PREBUILT_CORE_ENV)
+    if prebuilt:
+        staticlib = Path(prebuilt) / "libdeepnvme.a"
+        include = Path(prebuilt) / "cxxbridge" / "include"
+        if not staticlib.is_file() or not (include / "deepnvme" / "src" / "ffi.rs.h").is_file():
+            raise RuntimeError(f"deepnvme: {PREBUILT_CORE_ENV}={prebuilt} lacks libdeepnvme.a or cxxbridge/include")
+        log(f"deepnvme: using the prebuilt Rust core in {prebuilt}")
+        return str(staticlib), str(include)
     env = dict(os.environ)
     env.setdefault("PYO3_PYTHON", sys.executable)
     cmd = [

@@ -25,27 +25,57 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::config::HandleConfig;
 use crate::engine::{self, Engine, EngineKind};
-use crate::error::{Direction, Error, Result, TransferError};
+use crate::error::{Direction, Error, Result};
 use crate::file::FileTarget;
-use crate::op::{BufferDesc, CpuOp, OpPlan, OpRequest};
+use crate::op::{BufferDesc, CpuOp, OpRequest};
 use crate::pinned::PinnedMemoryManager;
 
-/// An op in flight: the plan the workers read, and the completion latch.
+/// The part of an op that workers run, one slice per job. CPU ops cut their
+/// bytes into per-worker slices; a GPUDirect op is one slice that drives
+/// cuFile (which has its own threads).
+pub trait OpWork: Send + Sync {
+    fn slice_count(&self) -> usize;
+    /// Runs slice `index` on the worker's `engine`.
+    fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> Result<()>;
+    /// Describes slice `index` for an error when it could not be run at all.
+    fn slice_error(&self, index: usize, detail: String) -> Error;
+}
+
+/// How an op completes in `wait()` once all its slices ran: report the
+/// first slice error, or validate and copy a bounced read back. Dropping it
+/// releases the op's files and buffers.
+pub trait OpCompletion: Send {
+    fn finish(self: Box<Self>, outcome: Result<()>) -> Result<()>;
+}
+
+/// An op ready to be dispatched.
+pub struct PreparedOp {
+    pub work: Arc<dyn OpWork>,
+    pub completion: Box<dyn OpCompletion>,
+}
+
+impl From<CpuOp> for PreparedOp {
+    fn from(op: CpuOp) -> Self {
+        PreparedOp { work: op.plan().clone(), completion: Box::new(op) }
+    }
+}
+
+/// An op in flight: the work the workers read, and the completion latch.
 struct InFlight {
-    plan: Arc<OpPlan>,
+    work: Arc<dyn OpWork>,
     state: Mutex<SliceTally>,
     done: Condvar,
-    /// The resources of the op; taken by whoever finishes it.
-    op: Mutex<Option<CpuOp>>,
+    /// How the op finishes; taken by whoever finishes it.
+    completion: Mutex<Option<Box<dyn OpCompletion>>>,
 }
 
 struct SliceTally {
     remaining: usize,
-    first_error: Option<TransferError>,
+    first_error: Option<Error>,
 }
 
 impl InFlight {
-    fn complete_slice(&self, outcome: std::result::Result<(), TransferError>) {
+    fn complete_slice(&self, outcome: Result<()>) {
         let mut st = self.state.lock();
         if let Err(e) = outcome {
             st.first_error.get_or_insert(e);
@@ -57,7 +87,7 @@ impl InFlight {
     }
 
     /// Blocks until every slice ran; returns the first slice error.
-    fn wait_slices(&self) -> std::result::Result<(), TransferError> {
+    fn wait_slices(&self) -> Result<()> {
         let mut st = self.state.lock();
         while st.remaining > 0 {
             self.done.wait(&mut st);
@@ -95,7 +125,7 @@ fn worker_engine(kind: EngineKind, queue_depth: usize) -> Box<dyn Engine> {
 fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<Job>) {
     let mut engine = worker_engine(kind, queue_depth);
     for job in jobs {
-        let outcome = job.op.plan.run_slice(job.slice, engine.as_mut());
+        let outcome = job.op.work.run_slice(job.slice, engine.as_mut());
         job.op.complete_slice(outcome);
     }
 }
@@ -190,6 +220,13 @@ impl IoHandle {
     pub fn submit(&self, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
         self.check_divisible(&request)?;
         let op = CpuOp::prepare(request, self.config.intra_op_parallelism, self.config.transfer_knobs(), self.manager)?;
+        self.submit_prepared(op.into(), is_async)
+    }
+
+    /// Dispatches an op prepared elsewhere (a GPUDirect op): with `is_async`
+    /// returns 0 at once; otherwise waits for every pending op and returns
+    /// how many finished. Slice `i` runs on worker `i % workers`.
+    pub fn submit_prepared(&self, op: PreparedOp, is_async: bool) -> Result<usize> {
         let _serial = self.serial.lock();
         self.dispatch(op);
         if is_async {
@@ -199,31 +236,25 @@ impl IoHandle {
         }
     }
 
-    fn dispatch(&self, op: CpuOp) {
-        let plan = op.plan().clone();
-        let slices = plan.slices.len();
+    fn dispatch(&self, op: PreparedOp) {
+        let PreparedOp { work, completion } = op;
+        let slices = work.slice_count();
         let in_flight = Arc::new(InFlight {
-            plan,
+            work,
             state: Mutex::new(SliceTally { remaining: slices, first_error: None }),
             done: Condvar::new(),
-            op: Mutex::new(Some(op)),
+            completion: Mutex::new(Some(completion)),
         });
         self.pending.lock().push_back(in_flight.clone());
-        for (slice, worker) in self.workers.iter().enumerate().take(slices) {
+        for slice in 0..slices {
+            let worker = &self.workers[slice % self.workers.len()];
             let job = Job { op: in_flight.clone(), slice };
             let sent = worker.jobs.as_ref().map(|tx| tx.send(job));
             if !matches!(sent, Some(Ok(()))) {
                 // A worker that is gone cannot run its slice; fail the slice
                 // rather than leave the op waiting forever.
-                in_flight.complete_slice(Err(TransferError {
-                    direction: in_flight.plan.direction,
-                    path: in_flight.plan.path.clone(),
-                    fd: -1,
-                    file_offset: 0,
-                    len: in_flight.plan.slices[slice].bytes(),
-                    errno: libc::EIO,
-                    detail: Some(format!("I/O worker {slice} has stopped")),
-                }));
+                let e = in_flight.work.slice_error(slice, format!("I/O worker {} has stopped", slice % self.workers.len()));
+                in_flight.complete_slice(Err(e));
             }
         }
     }
@@ -241,10 +272,10 @@ impl IoHandle {
         loop {
             let Some(op) = self.pending.lock().pop_front() else { break };
             let outcome = op.wait_slices();
-            let taken = op.op.lock().take();
+            let taken = op.completion.lock().take();
             let result = match taken {
-                Some(cpu_op) => cpu_op.finish(outcome),
-                None => outcome.map_err(Error::from),
+                Some(completion) => completion.finish(outcome),
+                None => outcome,
             };
             completed += 1;
             if let Err(e) = result {
@@ -271,9 +302,9 @@ impl IoHandle {
             if slot.is_none() {
                 *slot = Some(worker_engine(self.engine_kind, self.config.queue_depth));
             }
-            plan.run_slice(0, slot.as_mut().expect("inline engine").as_mut())
+            plan.run_slice(0, slot.as_mut().expect("inline engine").as_mut()).map_err(Error::from)
         };
-        op.finish(outcome)
+        Box::new(op).finish(outcome)
     }
 
     /// Convenience for Rust callers: a parallel read into `buffer`.

@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use crate::engine::{Engine, Knobs, Segment};
 use crate::error::{Direction, Error, Result, TransferError};
+use crate::handle::{OpCompletion, OpWork};
 use crate::file::{DioAlignment, FileTarget, OpenFile};
 use crate::pinned::{page_size, LockMode, PageAlignedBuffer, PinnedMemoryManager};
 
@@ -153,6 +154,27 @@ impl OpPlan {
             engine.run(self.direction, &slice.direct, &self.direct_knobs).map_err(attach)?;
         }
         Ok(())
+    }
+}
+
+impl OpWork for OpPlan {
+    fn slice_count(&self) -> usize {
+        self.slices.len()
+    }
+    fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> Result<()> {
+        OpPlan::run_slice(self, index, engine).map_err(Error::from)
+    }
+    fn slice_error(&self, index: usize, detail: String) -> Error {
+        let slice = self.slices.get(index);
+        Error::Transfer(self.name_target(TransferError {
+            direction: self.direction,
+            path: None,
+            fd: -1,
+            file_offset: slice.and_then(|s| s.buffered.iter().chain(&s.direct).map(|g| g.file_offset).min()).unwrap_or(0),
+            len: slice.map(|s| s.bytes()).unwrap_or(0),
+            errno: libc::EIO,
+            detail: Some(detail),
+        }))
     }
 }
 
@@ -376,14 +398,18 @@ impl CpuOp {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
 
+impl OpCompletion for CpuOp {
     /// Completes the op once every slice has run: reports the first slice
     /// error, else validates (if asked) and copies a bounced read back.
     /// Dropping `self` then closes the op's descriptors and frees the bounce.
-    pub fn finish(mut self, outcome: std::result::Result<(), TransferError>) -> Result<()> {
+    fn finish(mut self: Box<Self>, outcome: Result<()>) -> Result<()> {
         outcome?;
         if self.validate {
-            self.validate_against_file();
+            // SAFETY: io_ptr covers len bytes that no one is writing now.
+            let ours = unsafe { std::slice::from_raw_parts(self.io_ptr as *const u8, self.len) };
+            report_validation(self.plan.direction, &self.file, self.file_offset, ours);
         }
         if self.plan.direction == Direction::Read {
             if let IoMemory::Bounce { buffer, staging } = &mut self.memory {
@@ -392,31 +418,24 @@ impl CpuOp {
         }
         Ok(())
     }
+}
 
-    /// DeepSpeed's `validate=True`: re-read the range with plain reads and
-    /// compare. Prints `Pass:`/`Fail:`; the return code is not changed.
-    fn validate_against_file(&self) {
-        let verb = self.plan.direction.verb();
-        let name = self.file.display_path();
-        // SAFETY: io_ptr covers len bytes that are not being written now.
-        let ours = unsafe { std::slice::from_raw_parts(self.io_ptr as *const u8, self.len) };
-        match read_back(&self.file, self.file_offset, self.len) {
-            Ok(theirs) => match ours.iter().zip(&theirs).position(|(a, b)| a != b) {
-                None => println!(
-                    "Pass: correctness of {verb} of {} bytes at offset {} of {}",
-                    self.len,
-                    self.file_offset,
-                    name.display()
-                ),
-                Some(i) => println!(
-                    "Fail: correctness of {verb} of {} bytes at offset {} of {}: first difference at byte {i}",
-                    self.len,
-                    self.file_offset,
-                    name.display()
-                ),
-            },
-            Err(e) => println!("Fail: correctness of {verb} of {}: could not re-read: {e}", name.display()),
-        }
+/// DeepSpeed's `validate=True`: re-reads `[offset, offset + ours.len())` of
+/// the file with plain reads and compares. Prints `Pass:`/`Fail:`; the op's
+/// return code does not change.
+pub(crate) fn report_validation(direction: Direction, file: &OpenFile, offset: u64, ours: &[u8]) {
+    let verb = direction.verb();
+    let name = file.display_path();
+    let len = ours.len();
+    match read_back(file, offset, len) {
+        Ok(theirs) => match ours.iter().zip(&theirs).position(|(a, b)| a != b) {
+            None => println!("Pass: correctness of {verb} of {len} bytes at offset {offset} of {}", name.display()),
+            Some(i) => println!(
+                "Fail: correctness of {verb} of {len} bytes at offset {offset} of {}: first difference at byte {i}",
+                name.display()
+            ),
+        },
+        Err(e) => println!("Fail: correctness of {verb} of {}: could not re-read: {e}", name.display()),
     }
 }
 

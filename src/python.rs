@@ -58,11 +58,19 @@ fn memlock_rlimit() -> (u64, u64) {
     memlock_limit()
 }
 
-/// None when GPUDirect Storage can be used here, else what is missing.
+/// None when GPUDirect Storage can be used here, else what is missing
+/// (libcufile, libcuda / the NVIDIA driver, a CUDA device, or why the cuFile
+/// driver would not open). The first call may open the driver: the GIL is
+/// released meanwhile.
 #[pyfunction]
-fn gds_unavailable_reason() -> Option<String> {
-    // Wired to crate::gds::probe() once the cuFile module lands.
-    Some("GPUDirect Storage support is not wired into this build yet".to_string())
+fn gds_unavailable_reason(py: Python<'_>) -> Option<String> {
+    py.detach(crate::gds::probe).err()
+}
+
+/// Libraries, versions and devices GPUDirect Storage would use, or why not.
+#[pyfunction]
+fn gds_environment(py: Python<'_>) -> PyResult<String> {
+    py.detach(crate::gds::environment_summary).map_err(PyRuntimeError::new_err)
 }
 
 #[pymodule]
@@ -73,5 +81,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pinned_stats, m)?)?;
     m.add_function(wrap_pyfunction!(memlock_rlimit, m)?)?;
     m.add_function(wrap_pyfunction!(gds_unavailable_reason, m)?)?;
+    m.add_function(wrap_pyfunction!(gds_environment, m)?)?;
     Ok(())
 }
