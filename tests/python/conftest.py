@@ -1,0 +1,109 @@
+"""Fixtures for the deepnvme Python suite.
+
+Every test reaches the ops the way DeepSpeed users do, through DeepSpeed's
+own loader (``AsyncIOBuilder().load()`` etc.), which deepnvme's .pth hook
+makes return the Rust-backed modules. Files live under pytest's tmp_path,
+which must be on a file system with O_DIRECT (ext4 here; see
+test_loader.py::test_tmp_path_supports_o_direct).
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+# The tests import _util from this folder, under any --import-mode.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_report_header(config):
+    lines = []
+    try:
+        import deepnvme
+
+        nat = deepnvme.native()
+        lines.append(f"deepnvme engine: {nat.engine_name()}; memlock rlimit: {nat.memlock_rlimit()}")
+    except Exception as error:  # the tests themselves report it properly
+        lines.append(f"deepnvme core failed to load: {error!r}")
+    lines.append(f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}")
+    return lines
+
+
+@pytest.fixture(scope="session")
+def aio():
+    """The async_io module, through DeepSpeed's loader."""
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    return AsyncIOBuilder().load()
+
+
+@pytest.fixture(scope="session")
+def pin_mod():
+    """The pin_memory module, through DeepSpeed's loader."""
+    from deepspeed.ops.op_builder import PinMemoryBuilder
+
+    return PinMemoryBuilder().load()
+
+
+@pytest.fixture(scope="session")
+def native():
+    import deepnvme
+
+    return deepnvme.native()
+
+
+@pytest.fixture
+def new_handle(aio, locked):
+    """Factory: aio_handle(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism).
+
+    Depends on `locked` so that at teardown the handles are dropped (which
+    finishes any op a failed test left in flight) before locked memory is freed.
+    """
+    made = []
+
+    def make(block_size=1 << 20, queue_depth=128, single_submit=False, overlap_events=False, intra_op_parallelism=1):
+        h = aio.aio_handle(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:  # a failed test may have left ops in flight (and its frame alive)
+        try:
+            h.wait()
+        except RuntimeError:
+            pass
+    made.clear()
+
+
+@pytest.fixture
+def handle(new_handle):
+    """A handle with small blocks and two workers, so ops really split and queue."""
+    return new_handle(block_size=8192, queue_depth=4, single_submit=False, overlap_events=True, intra_op_parallelism=2)
+
+
+@pytest.fixture(scope="session")
+def alloc_handle(aio):
+    return aio.aio_handle(4096, 2, False, False, 1)
+
+
+@pytest.fixture
+def locked(alloc_handle):
+    """Factory: a locked tensor from new_cpu_locked_tensor(num_elem, dtype); freed at teardown."""
+    owner = alloc_handle
+    allocated = []
+
+    def alloc(num_elem, dtype=torch.uint8, via=None):
+        h = via if via is not None else owner
+        t = h.new_cpu_locked_tensor(num_elem, torch.empty(0, dtype=dtype))
+        allocated.append(t)
+        return t
+
+    yield alloc
+    for t in allocated:
+        owner.free_cpu_locked_tensor(t)
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    return tmp_path
