@@ -168,7 +168,17 @@ def build_ext_class():
                     op = ext.name.split(".")[-1]
                     ext.sources = [str(staged[op])]
                     ext.library_dirs.append(native_dir)
-            super().build_extensions()
+            # _native first (the ops link against it), then the three ops in
+            # parallel: each is one slow torch translation unit.
+            everything = self.extensions
+            try:
+                self.extensions = [e for e in everything if e.name == "deepnvme._native"]
+                super().build_extensions()
+                self.extensions = [e for e in everything if e.name != "deepnvme._native"]
+                self.parallel = max(1, min(len(self.extensions), os.cpu_count() or 1))
+                super().build_extensions()
+            finally:
+                self.extensions = everything
 
     return BuildDeepNVMe
 

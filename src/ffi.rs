@@ -18,6 +18,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use cxx::UniquePtr;
@@ -25,6 +26,8 @@ use cxx::UniquePtr;
 use crate::config::HandleConfig;
 use crate::error::{Direction, Error};
 use crate::file::FileTarget;
+use crate::gds::op::{self as gds_op, GdsOpRequest};
+use crate::gds::{GdsDriver, GdsDriverGuard};
 use crate::handle::IoHandle as CoreHandle;
 use crate::op::{BufferDesc, OpRequest, Staging};
 use crate::pinned::PinnedMemoryManager;
@@ -107,6 +110,11 @@ pub mod bridge {
 
         fn wait(self: &IoHandle) -> Result<i32>;
         fn is_pinned(self: &IoHandle, info: &TensorInfo) -> bool;
+
+        /// gds_handle: cuFileBufRegister a CUDA tensor (`pin_device_tensor`).
+        fn gds_register(self: &IoHandle, info: &TensorInfo) -> Result<bool>;
+        /// gds_handle: cuFileBufDeregister by base (`unpin_device_tensor`).
+        fn gds_deregister(self: &IoHandle, info: &TensorInfo) -> Result<bool>;
 
         /// `aio_read`/`aio_write`: a one-shot whole-buffer transfer with a
         /// fresh single-worker handle; 0, or -1.
@@ -226,10 +234,28 @@ fn request<'a>(
     })
 }
 
-/// The handle behind `deepspeed_io_handle_t`.
+/// The GPUDirect half of a `gds_handle`.
+struct GdsState {
+    driver: Arc<GdsDriverGuard>,
+    /// DeepSpeed's intra_op_parallelism, applied to cuFile transfers.
+    parallelism: usize,
+    block_size: usize,
+}
+
+/// The handle behind `deepspeed_io_handle_t`. A `gds_handle` also holds a
+/// reference on the cuFile driver; its CPU path runs on one worker, as in
+/// DeepSpeed.
 pub struct IoHandle {
     core: CoreHandle,
+    gds: Option<GdsState>,
+    /// Why a `gds_handle` made with `DEEPNVME_GDS_CPU_ONLY=1` has no GPUDirect half.
+    gds_unavailable: Option<String>,
 }
+
+/// Lets a `gds_handle` be created where GPUDirect Storage is unavailable,
+/// serving CPU tensors only (device calls then fail, naming what is
+/// missing). Off by default: creating one then raises.
+pub const GDS_CPU_ONLY_ENV: &str = "DEEPNVME_GDS_CPU_ONLY";
 
 fn new_io_handle(
     block_size: i32,
@@ -247,10 +273,29 @@ fn new_io_handle(
             overlap_events,
             intra_op_parallelism as i64,
         )?;
-        if use_gds {
-            return Err(Error::Gds("GPUDirect Storage support is not wired into this build yet".into()));
+        if !use_gds {
+            return Ok(Box::new(IoHandle { core: CoreHandle::new(config)?, gds: None, gds_unavailable: None }));
         }
-        Ok(Box::new(IoHandle { core: CoreHandle::new(config)? }))
+        let cpu_config = HandleConfig { intra_op_parallelism: 1, ..config.clone() };
+        if let Err(why) = crate::gds::probe() {
+            if std::env::var(GDS_CPU_ONLY_ENV).as_deref() == Ok("1") {
+                crate::log::info_once(
+                    "gds-cpu-only",
+                    &format!("gds_handle without GPUDirect Storage ({why}); {GDS_CPU_ONLY_ENV}=1, so it serves CPU tensors only"),
+                );
+                return Ok(Box::new(IoHandle { core: CoreHandle::new(cpu_config)?, gds: None, gds_unavailable: Some(why) }));
+            }
+            return Err(Error::Gds(format!(
+                "gds_handle cannot be created: {why} (set {GDS_CPU_ONLY_ENV}=1 for a handle that serves CPU tensors only)"
+            )));
+        }
+        let driver = GdsDriver::acquire(config.queue_depth, config.intra_op_parallelism, config.block_size)?;
+        let gds = GdsState {
+            driver: Arc::new(driver),
+            parallelism: config.intra_op_parallelism,
+            block_size: config.block_size,
+        };
+        Ok(Box::new(IoHandle { core: CoreHandle::new(cpu_config)?, gds: Some(gds), gds_unavailable: None }))
     })
 }
 
@@ -276,11 +321,30 @@ impl IoHandle {
                 write_warning::emit();
             }
             let target = if fd >= 0 { FileTarget::Fd(fd) } else { FileTarget::Path(path_of(filename)) };
-            let req = match request(read, op, info, target, validate, file_offset) {
-                Ok(r) => r,
-                Err(e) => return request_error_to_code(e),
+            let submitted = match &self.gds {
+                // Contiguous CUDA tensors go through cuFile; anything else
+                // (CPU, strided) takes the CPU path, bouncing as needed.
+                Some(gds) if info.is_cuda && info.contiguous && info.has_storage => {
+                    let req = GdsOpRequest {
+                        direction: direction(read),
+                        target,
+                        file_offset,
+                        device_ptr: info.ptr as u64,
+                        len: info.nbytes,
+                        device_ordinal: info.device_index.max(0),
+                        staging: if op.is_null() { None } else { Some(Box::new(TorchStaging { op })) },
+                        validate,
+                    };
+                    gds_op::prepare(&gds.driver, req, gds.parallelism, gds.block_size)
+                        .and_then(|prepared| self.core.submit_prepared(prepared, is_async))
+                }
+                None if info.is_cuda && self.gds_unavailable.is_some() => Err(Error::Gds(format!(
+                    "this gds_handle has no GPUDirect Storage: {}",
+                    self.gds_unavailable.as_deref().unwrap_or_default()
+                ))),
+                _ => request(read, op, info, target, validate, file_offset).and_then(|req| self.core.submit(req, is_async)),
             };
-            match self.core.submit(req, is_async) {
+            match submitted {
                 Ok(n) => Ok(count(n)),
                 Err(e) => request_error_to_code(e),
             }
@@ -319,6 +383,34 @@ impl IoHandle {
 
     fn wait(&self) -> Result<i32, Error> {
         guarded("wait", || self.core.wait().map(count))
+    }
+
+    fn gds_state(&self) -> Result<&GdsState, Error> {
+        self.gds.as_ref().ok_or_else(|| match &self.gds_unavailable {
+            Some(why) => Error::Gds(format!("this gds_handle has no GPUDirect Storage: {why}")),
+            None => Error::Gds("device tensors can only be registered through a gds_handle".into()),
+        })
+    }
+
+    fn gds_register(&self, info: &bridge::TensorInfo) -> Result<bool, Error> {
+        guarded("pin_device_tensor", || {
+            let gds = self.gds_state()?;
+            if !(info.is_cuda && info.has_storage) {
+                return Err(Error::InvalidArgument("pin_device_tensor takes a CUDA tensor".into()));
+            }
+            gds.driver.register_device_buffer(info.ptr as u64, info.nbytes)?;
+            Ok(true)
+        })
+    }
+
+    fn gds_deregister(&self, info: &bridge::TensorInfo) -> Result<bool, Error> {
+        guarded("unpin_device_tensor", || {
+            let gds = self.gds_state()?;
+            if !info.has_storage {
+                return Ok(false);
+            }
+            gds.driver.deregister_device_buffer(info.ptr as u64)
+        })
     }
 
     fn is_pinned(&self, info: &bridge::TensorInfo) -> bool {

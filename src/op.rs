@@ -315,24 +315,12 @@ impl CpuOp {
         manager: &PinnedMemoryManager,
     ) -> Result<CpuOp> {
         let OpRequest { direction, target, file_offset, buffer, staging, validate } = request;
-        if file_offset < 0 {
-            return Err(Error::InvalidArgument(format!(
-                "file_offset {file_offset} is negative for {}",
-                describe_target(&target)
-            )));
-        }
-        let file_offset = file_offset as u64;
+        let file_offset = check_file_offset(file_offset, &target)?;
         let len = buffer.len;
         let mut file = OpenFile::open(target, direction)?;
 
         if direction == Direction::Read {
-            let size = file.size()?;
-            if file_offset.checked_add(len as u64).is_none_or(|end| end > size) {
-                return Err(Error::InvalidArgument(format!(
-                    "{}: reading {len} bytes at offset {file_offset} runs past the end of the file ({size} bytes)",
-                    file.display_path().display()
-                )));
-            }
+            check_read_extent(&file, file_offset, len)?;
         }
 
         let memory = if is_direct_capable(&buffer, manager) {
@@ -418,6 +406,24 @@ impl OpCompletion for CpuOp {
         }
         Ok(())
     }
+}
+
+/// A read must lie inside the file (DeepSpeed asserted, killing the process).
+pub(crate) fn check_read_extent(file: &OpenFile, file_offset: u64, len: usize) -> Result<()> {
+    let size = file.size()?;
+    if file_offset.checked_add(len as u64).is_none_or(|end| end > size) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: reading {len} bytes at offset {file_offset} runs past the end of the file ({size} bytes)",
+            file.display_path().display()
+        )));
+    }
+    Ok(())
+}
+
+/// A negative file offset is refused before anything is opened.
+pub(crate) fn check_file_offset(file_offset: i64, target: &FileTarget<'_>) -> Result<u64> {
+    u64::try_from(file_offset)
+        .map_err(|_| Error::InvalidArgument(format!("file_offset {file_offset} is negative for {}", describe_target(target))))
 }
 
 /// DeepSpeed's `validate=True`: re-reads `[offset, offset + ours.len())` of

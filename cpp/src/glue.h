@@ -17,4 +17,9 @@ ffi::TensorInfo describe_tensor(const torch::Tensor& tensor);
 // A file name as bytes (empty for nullptr), as Rust takes it.
 rust::Slice<const uint8_t> filename_bytes(const char* filename);
 
+// What deepspeed_io_handle_t::_state points at: the Rust handle.
+struct io_handle_state {
+    rust::Box<ffi::IoHandle> handle;
+};
+
 }  // namespace deepnvme

@@ -8,12 +8,6 @@
 #include "deepspeed_cpu_op.h"
 #include "glue.h"
 
-namespace deepnvme {
-struct io_handle_state {
-    rust::Box<ffi::IoHandle> handle;
-};
-}  // namespace deepnvme
-
 namespace {
 std::unique_ptr<io_op_desc_t> torch_half(const torch::Tensor& buffer)
 {

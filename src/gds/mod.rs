@@ -35,6 +35,8 @@ mod probe;
 mod registry;
 mod transfer;
 
+pub mod op;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 

@@ -1,0 +1,120 @@
+//! One GPUDirect transfer through a handle (`gds_op_desc_t`): a contiguous
+//! CUDA buffer moved by cuFile, queued on the handle like a CPU op so that
+//! `wait()` counts and finishes both kinds in submission order.
+//!
+//! The op opens the file as DeepSpeed does (O_DIRECT, no truncation), checks
+//! a read against the file size, and runs as one slice on a handle worker;
+//! cuFile's own parallelism (`intra_op_parallelism`) is applied inside
+//! [`GdsDriverGuard::run_transfer`]. The file is registered with cuFile for
+//! the op only, and closed when the op finishes. `validate=True` copies the
+//! device bytes to host through the torch glue and compares with the file.
+
+use std::sync::Arc;
+
+use super::{GdsDriverGuard, GdsTransfer};
+use crate::engine::Engine;
+use crate::error::{Direction, Error, Result, TransferError};
+use crate::file::{FileTarget, OpenFile};
+use crate::handle::{OpCompletion, OpWork, PreparedOp};
+use crate::op::{check_file_offset, check_read_extent, report_validation, Staging};
+use crate::pinned::{LockMode, PageAlignedBuffer};
+
+/// A request to move a contiguous device buffer with cuFile.
+pub struct GdsOpRequest<'a> {
+    pub direction: Direction,
+    pub target: FileTarget<'a>,
+    pub file_offset: i64,
+    pub device_ptr: u64,
+    pub len: usize,
+    pub device_ordinal: i32,
+    /// Copies device bytes to host for `validate` (torch glue).
+    pub staging: Option<Box<dyn Staging>>,
+    pub validate: bool,
+}
+
+struct GdsWork {
+    driver: Arc<GdsDriverGuard>,
+    transfer: GdsTransfer,
+    parallelism: usize,
+    block_size: usize,
+    path: Option<std::path::PathBuf>,
+}
+
+impl OpWork for GdsWork {
+    fn slice_count(&self) -> usize {
+        1
+    }
+    fn run_slice(&self, _index: usize, _engine: &mut dyn Engine) -> Result<()> {
+        self.driver.run_transfer(&self.transfer, self.parallelism, self.block_size).map_err(|e| match e {
+            Error::Transfer(t) => Error::Transfer(t.with_path(self.path.clone())),
+            other => other,
+        })
+    }
+    fn slice_error(&self, _index: usize, detail: String) -> Error {
+        Error::Transfer(TransferError {
+            direction: self.transfer.direction,
+            path: self.path.clone(),
+            fd: self.transfer.fd,
+            file_offset: self.transfer.file_offset,
+            len: self.transfer.len,
+            errno: libc::EIO,
+            detail: Some(detail),
+        })
+    }
+}
+
+struct GdsCompletion {
+    file: OpenFile,
+    direction: Direction,
+    file_offset: u64,
+    len: usize,
+    staging: Option<Box<dyn Staging>>,
+    validate: bool,
+}
+
+impl OpCompletion for GdsCompletion {
+    fn finish(mut self: Box<Self>, outcome: Result<()>) -> Result<()> {
+        outcome?;
+        if self.validate {
+            match self.staging.as_mut() {
+                Some(staging) => {
+                    let mut host = PageAlignedBuffer::new(self.len, LockMode::None)?;
+                    staging.copy_to_bounce(host.as_mut_slice())?;
+                    report_validation(self.direction, &self.file, self.file_offset, host.as_slice());
+                }
+                None => println!(
+                    "Fail: correctness of {} of {}: no way to read the device buffer back",
+                    self.direction.verb(),
+                    self.file.display_path().display()
+                ),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens the file and builds the op; `parallelism` and `block_size` are
+/// what cuFile's transfer is cut by.
+pub fn prepare(
+    driver: &Arc<GdsDriverGuard>,
+    request: GdsOpRequest<'_>,
+    parallelism: usize,
+    block_size: usize,
+) -> Result<PreparedOp> {
+    let GdsOpRequest { direction, target, file_offset, device_ptr, len, device_ordinal, staging, validate } = request;
+    let file_offset = check_file_offset(file_offset, &target)?;
+    let file = OpenFile::open(target, direction)?;
+    if direction == Direction::Read {
+        check_read_extent(&file, file_offset, len)?;
+    }
+    let fd = file.direct().map(|(fd, _)| fd).unwrap_or_else(|| file.any_fd());
+    let work = GdsWork {
+        driver: driver.clone(),
+        transfer: GdsTransfer { direction, fd, file_offset, device_ptr, len, device_ordinal },
+        parallelism,
+        block_size,
+        path: file.path().map(|p| p.to_path_buf()),
+    };
+    let completion = GdsCompletion { file, direction, file_offset, len, staging, validate };
+    Ok(PreparedOp { work: Arc::new(work), completion: Box::new(completion) })
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs every test: the Rust core's tests, then (after bindings/install.sh has
+# set up or reused the environment) the Python suite through DeepSpeed's own
+# loader. With DEEPSPEED_TESTS_DIR pointing at the `tests/` folder of a
+# DeepSpeed checkout (outside this repo), DeepSpeed's own nvme and pin_memory
+# tests run against this build too.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${DEEPNVME_VENV:-$HOME/.cache/deepnvme-venv}
+cd "$ROOT"
+
+say() { printf '\n== %s\n' "$*"; }
+
+say "cargo test (Rust core)"
+cargo test --all-targets
+
+say "setting up the Python environment"
+"$ROOT/bindings/install.sh"
+
+say "pytest tests/python (through DeepSpeed's loader)"
+"$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider
+
+if [ -n "${DEEPSPEED_TESTS_DIR:-}" ]; then
+    say "DeepSpeed's own tests from $DEEPSPEED_TESTS_DIR"
+    "$ROOT/tests/deepspeed-suite.sh" "$DEEPSPEED_TESTS_DIR"
+fi
+
+say "all tests passed"
