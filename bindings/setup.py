@@ -170,11 +170,17 @@ def build_ext_class():
                     ext.library_dirs.append(native_dir)
             # _native first (the ops link against it), then the three ops in
             # parallel: each is one slow torch translation unit.
+            # torch's ninja build writes one build.ninja per build directory,
+            # so parallel extensions must not use it: the ops are compiled
+            # directly (one file each), with the compiler's plain compile.
             everything = self.extensions
+            plain_compile = self.compiler.compile
             try:
                 self.extensions = [e for e in everything if e.name == "deepnvme._native"]
                 super().build_extensions()
                 self.extensions = [e for e in everything if e.name != "deepnvme._native"]
+                self.compiler.compile = plain_compile
+                self.use_ninja = False
                 self.parallel = max(1, min(len(self.extensions), os.cpu_count() or 1))
                 super().build_extensions()
             finally:

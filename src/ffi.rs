@@ -91,6 +91,7 @@ pub mod bridge {
             op: UniquePtr<io_op_desc_t>,
             info: &TensorInfo,
             filename: &[u8],
+            use_fd: bool,
             fd: i32,
             validate: bool,
             is_async: bool,
@@ -311,6 +312,7 @@ impl IoHandle {
         op: UniquePtr<bridge::io_op_desc_t>,
         info: &bridge::TensorInfo,
         filename: &[u8],
+        use_fd: bool,
         fd: i32,
         validate: bool,
         is_async: bool,
@@ -320,7 +322,15 @@ impl IoHandle {
             if !read {
                 write_warning::emit();
             }
-            let target = if fd >= 0 { FileTarget::Fd(fd) } else { FileTarget::Path(path_of(filename)) };
+            let target = match (use_fd, fd) {
+                (true, fd) if fd < 0 => {
+                    return request_error_to_code(Error::InvalidArgument(format!(
+                        "async_pwrite: fd {fd} is not a file descriptor"
+                    )))
+                }
+                (true, fd) => FileTarget::Fd(fd),
+                (false, _) => FileTarget::Path(path_of(filename)),
+            };
             let submitted = match &self.gds {
                 // Contiguous CUDA tensors go through cuFile; anything else
                 // (CPU, strided) takes the CPU path, bouncing as needed.

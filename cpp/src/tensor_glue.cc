@@ -34,7 +34,11 @@ ffi::TensorInfo describe_tensor(const torch::Tensor& tensor)
         info.device_index = tensor.device().has_index() ? tensor.device().index() : -1;
         info.contiguous = tensor.is_contiguous();
         if (tensor.has_storage() && !tensor.is_meta()) {
-            info.ptr = reinterpret_cast<std::size_t>(tensor.data_ptr());
+            // From the storage rather than data_ptr(): torch answers nullptr
+            // for an empty tensor, which would hide a zero-element locked
+            // allocation from free() and is_managed().
+            const auto base = reinterpret_cast<std::size_t>(tensor.storage().data());
+            info.ptr = base == 0 ? 0 : base + tensor.storage_offset() * tensor.element_size();
             info.has_storage = true;
             if (info.is_cpu) { info.torch_pinned = tensor.is_pinned(); }
         }

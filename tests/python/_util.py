@@ -128,13 +128,6 @@ def start_python(code, env=None, cwd=None):
     )
 
 
-GDS_PENDING = (
-    "GDS integration pending: on the CPU accelerator (no GPU) DeepSpeed maps GDSBuilder to "
-    "NotImplementedBuilder, whose is_compatible() is True and whose load() raises ValueError; "
-    "deepnvme's hook patches only builders named async_io/pin_memory/gds, so it misses this"
-)
-
-
 def peer_progress_during(call, max_calls):
     """How many calls of `call()` ran before a GIL-starved peer thread ran (None: never).
 

@@ -199,10 +199,6 @@ def test_write_to_a_bad_caller_fd_returns_minus_one(handle, data_dir, capfd):
     assert handle.wait() == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug (minor): a negative fd passed to async_pwrite(buffer, fd) is treated as "
-    "'no fd', so the op falls through to the (null) filename and the message reads "
-    "'opening for write  failed: No such file or directory' without naming the fd"))
 def test_negative_fd_message_names_the_fd(handle, capfd):
     capfd.readouterr()
     assert handle.async_pwrite(tensor_from_bytes(pattern(PAGE, 1)), -5) == -1

@@ -146,10 +146,6 @@ def test_many_allocations_distinct_and_recognized(pin_mod, handle, native):
     assert native.pinned_stats() == stats0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: new_cpu_locked_tensor(0, ...) records and mlocks a page, but the "
-    "returned empty tensor's data_ptr() is 0, so free_cpu_locked_tensor(t) returns False "
-    "and the locked page leaks (pinned_stats stays at +1 region / +4096 locked bytes)"))
 def test_zero_element_locked_tensor_is_freed(handle, pin_mod, native):
     stats0 = native.pinned_stats()
     t = handle.new_cpu_locked_tensor(0, torch.empty(0, dtype=torch.float32))
