@@ -61,7 +61,7 @@ impl fmt::Display for TransferError {
             self.len,
             self.file_offset,
             target,
-            io::Error::from_raw_os_error(self.errno),
+            errno_text(self.errno),
             self.errno
         )?;
         if let Some(d) = &self.detail {
@@ -96,6 +96,7 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+#[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
 fn fmt_limit(v: u64) -> String {
     if v == libc::RLIM_INFINITY as u64 {
         "unlimited".to_string()
@@ -108,17 +109,15 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Transfer(t) => write!(f, "{t}"),
-            Error::File { path, action, source } => write!(
-                f,
-                "{action} {} failed: {source} (errno {})",
-                path.display(),
-                source.raw_os_error().unwrap_or(0)
-            ),
+            Error::File { path, action, source } => match source.raw_os_error() {
+                Some(errno) => write!(f, "{action} {} failed: {} (errno {errno})", path.display(), errno_text(errno)),
+                None => write!(f, "{action} {} failed: {source}", path.display()),
+            },
             Error::Lock { bytes, errno, limit_soft, limit_hard } => write!(
                 f,
                 "mlock of {bytes} bytes failed: {} (errno {errno}); RLIMIT_MEMLOCK is {} (hard {}). \
                  Raise it (ulimit -l, or memlock in /etc/security/limits.conf) or lock less memory",
-                io::Error::from_raw_os_error(*errno),
+                errno_text(*errno),
                 fmt_limit(*limit_soft),
                 fmt_limit(*limit_hard)
             ),
@@ -137,6 +136,16 @@ impl std::error::Error for Error {}
 impl From<TransferError> for Error {
     fn from(t: TransferError) -> Self {
         Error::Transfer(t)
+    }
+}
+
+/// The text of an errno ("No such file or directory"), without the
+/// " (os error N)" that `io::Error` appends: messages give the number once.
+pub fn errno_text(errno: i32) -> String {
+    let text = io::Error::from_raw_os_error(errno).to_string();
+    match text.rfind(" (os error ") {
+        Some(i) => text[..i].to_string(),
+        None => text,
     }
 }
 

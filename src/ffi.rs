@@ -33,6 +33,7 @@ use crate::op::{BufferDesc, OpRequest, Staging};
 use crate::pinned::PinnedMemoryManager;
 
 #[cxx::bridge(namespace = "deepnvme::ffi")]
+#[allow(clippy::too_many_arguments)] // DeepSpeed's signatures, flattened
 pub mod bridge {
     /// What the torch glue learned about a tensor.
     #[derive(Debug, Clone, Copy)]

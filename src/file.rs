@@ -110,6 +110,14 @@ pub fn dio_alignment(fd: RawFd) -> Option<DioAlignment> {
     }
 }
 
+fn is_regular_file(fd: RawFd) -> bool {
+    // SAFETY: fstat fills a zeroed struct.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(fd, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFREG
+    }
+}
+
 /// Size of an open file.
 pub fn fd_size(fd: RawFd) -> io::Result<u64> {
     // SAFETY: fstat fills a zeroed struct.
@@ -161,10 +169,14 @@ impl OpenFile {
                 // The file system has no O_DIRECT (tmpfs before 6.6, some
                 // FUSE and network file systems): move the bytes buffered.
                 let fd = open_raw(path, base, 0o600).map_err(file_err)?;
-                crate::log::info_once(
-                    "no-odirect",
-                    &format!("{} does not support O_DIRECT; using buffered I/O for such files", path.display()),
-                );
+                // A directory also answers EINVAL; the transfer will then
+                // report EISDIR, so only a regular file earns the message.
+                if is_regular_file(fd) {
+                    crate::log::info_once(
+                        "no-odirect",
+                        &format!("{} does not support O_DIRECT; using buffered I/O for such files", path.display()),
+                    );
+                }
                 Ok(OpenFile {
                     path: Some(path.to_path_buf()),
                     direct_fd: None,

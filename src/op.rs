@@ -245,8 +245,8 @@ pub fn plan_slices(
         let (s, e) = (w[0], w[1]);
         let mut plan = SlicePlan::default();
         if s < e {
-            // SAFETY: s - file_offset < len, inside the buffer.
-            let mem = unsafe { addr.add((s - file_offset) as usize) };
+            // Address arithmetic only: s - file_offset < len, inside the buffer.
+            let mem = addr.wrapping_add((s - file_offset) as usize);
             split_slice(&mut plan, s, e, mem, direct, buffered_fd);
         }
         slices.push(plan);
@@ -265,8 +265,8 @@ fn split_slice(
     let seg = |fd: RawFd, from: u64, to: u64| Segment {
         fd,
         file_offset: from,
-        // SAFETY: from is within [s, e), so inside the slice's memory.
-        addr: unsafe { mem.add((from - s) as usize) },
+        // Address arithmetic only: from is within [s, e), inside the slice's memory.
+        addr: mem.wrapping_add((from - s) as usize),
         len: (to - from) as usize,
     };
     if let Some((dfd, a)) = direct {

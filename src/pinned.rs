@@ -32,6 +32,7 @@ pub fn page_size() -> usize {
 }
 
 /// The current RLIMIT_MEMLOCK (soft, hard), in bytes.
+#[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
 pub fn memlock_limit() -> (u64, u64) {
     let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `r` is a valid rlimit to fill.

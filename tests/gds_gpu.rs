@@ -373,17 +373,16 @@ fn gds_roundtrip_on_a_gpu() {
                 n as f64 / rt.as_secs_f64() / 1e9
             );
         }
-        assert_eq!(guard.deregister_device_buffer(big).unwrap(), true);
+        assert!(guard.deregister_device_buffer(big).unwrap());
         cuda.free(big);
     }
 
     // 7. Deregistration, then close with one buffer left registered.
-    assert_eq!(
-        guard.deregister_device_buffer(dst + 4096).map_err(|e| e.to_string()).unwrap_err().contains("inside"),
-        true
+    assert!(
+        guard.deregister_device_buffer(dst + 4096).map_err(|e| e.to_string()).unwrap_err().contains("inside")
     );
-    assert_eq!(guard.deregister_device_buffer(dst).unwrap(), true);
-    assert_eq!(guard.deregister_device_buffer(dst).unwrap(), false);
+    assert!(guard.deregister_device_buffer(dst).unwrap());
+    assert!(!guard.deregister_device_buffer(dst).unwrap());
     guard.register_device_buffer(dst, 4096).unwrap();
     drop(guard);
     assert_eq!(GdsDriver::open_count(), 0, "last guard closes the driver");
