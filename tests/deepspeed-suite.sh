@@ -8,6 +8,8 @@
 set -euo pipefail
 SRC=${1:?usage: $0 /path/to/DeepSpeed/tests}
 VENV=${DEEPNVME_VENV:-$HOME/.cache/deepnvme-venv}
+# DeepSpeed JIT-builds its CPU comm op in its tests, and needs ninja from the venv.
+export PATH="$VENV/bin:$PATH"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cp -r "$SRC" "$WORK/tests"

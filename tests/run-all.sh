@@ -8,6 +8,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${DEEPNVME_VENV:-$HOME/.cache/deepnvme-venv}
+# DeepSpeed JIT-builds its CPU comm op in its tests, and needs ninja from the venv.
+export PATH="$VENV/bin:$PATH"
 cd "$ROOT"
 
 say() { printf '\n== %s\n' "$*"; }
@@ -19,7 +21,9 @@ say "setting up the Python environment"
 "$ROOT/bindings/install.sh"
 
 say "pytest tests/python (through DeepSpeed's loader)"
-"$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider
+# Test files go under target/ so they sit on the checkout's disk file system
+# (O_DIRECT is the point), whatever /tmp is.
+"$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider --basetemp="$ROOT/target/pytest-tmp"
 
 if [ -n "${DEEPSPEED_TESTS_DIR:-}" ]; then
     say "DeepSpeed's own tests from $DEEPSPEED_TESTS_DIR"

@@ -7,15 +7,17 @@
 #include "deepspeed_py_copy.h"
 #include "glue.h"
 
-int deepspeed_py_aio_write(const torch::Tensor& buffer,
-                           const char* filename,
-                           const int block_size,
-                           const int queue_depth,
-                           const bool single_submit,
-                           const bool overlap_events,
-                           const bool validate)
+namespace {
+int one_shot(const bool read,
+             const torch::Tensor& buffer,
+             const char* filename,
+             const int block_size,
+             const int queue_depth,
+             const bool single_submit,
+             const bool overlap_events,
+             const bool validate)
 {
-    return deepnvme::ffi::one_shot_transfer(false,
+    return deepnvme::ffi::one_shot_transfer(read,
                                             std::make_unique<cpu_op_desc_t>(buffer),
                                             deepnvme::describe_tensor(buffer),
                                             deepnvme::filename_bytes(filename),
@@ -24,6 +26,18 @@ int deepspeed_py_aio_write(const torch::Tensor& buffer,
                                             single_submit,
                                             overlap_events,
                                             validate);
+}
+}  // namespace
+
+int deepspeed_py_aio_write(const torch::Tensor& buffer,
+                           const char* filename,
+                           const int block_size,
+                           const int queue_depth,
+                           const bool single_submit,
+                           const bool overlap_events,
+                           const bool validate)
+{
+    return one_shot(false, buffer, filename, block_size, queue_depth, single_submit, overlap_events, validate);
 }
 
 int deepspeed_py_aio_read(torch::Tensor& buffer,
@@ -34,15 +48,7 @@ int deepspeed_py_aio_read(torch::Tensor& buffer,
                           const bool overlap_events,
                           const bool validate)
 {
-    return deepnvme::ffi::one_shot_transfer(true,
-                                            std::make_unique<cpu_op_desc_t>(buffer),
-                                            deepnvme::describe_tensor(buffer),
-                                            deepnvme::filename_bytes(filename),
-                                            block_size,
-                                            queue_depth,
-                                            single_submit,
-                                            overlap_events,
-                                            validate);
+    return one_shot(true, buffer, filename, block_size, queue_depth, single_submit, overlap_events, validate);
 }
 
 int deepspeed_py_memcpy(torch::Tensor& dest, const torch::Tensor& src)
