@@ -160,6 +160,18 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Err
     }
 }
 
+/// Runs a call that blocks on I/O (or on the handle's lock) without the GIL.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    #[cfg(feature = "python")]
+    {
+        crate::python::without_gil(f)
+    }
+    #[cfg(not(feature = "python"))]
+    {
+        f()
+    }
+}
+
 /// Requests DeepSpeed answers with -1: print why, return -1.
 fn request_error_to_code(e: Error) -> Result<i32, Error> {
     match e {
@@ -301,6 +313,20 @@ fn new_io_handle(
     })
 }
 
+impl Drop for IoHandle {
+    /// Runs when Python drops the handle (with the GIL held): ops still in
+    /// flight are finished without the GIL, as DeepSpeed's destructor does.
+    fn drop(&mut self) {
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            if self.core.pending_ops() > 0 {
+                if let Err(e) = blocking(|| self.core.wait()) {
+                    crate::log::error(&format!("handle dropped with ops in flight; finishing them failed: {e}"));
+                }
+            }
+        }));
+    }
+}
+
 impl IoHandle {
     fn alignment(&self) -> i32 {
         count(self.core.config().alignment())
@@ -346,14 +372,17 @@ impl IoHandle {
                         staging: if op.is_null() { None } else { Some(Box::new(TorchStaging { op })) },
                         validate,
                     };
-                    gds_op::prepare(&gds.driver, req, gds.parallelism, gds.block_size)
-                        .and_then(|prepared| self.core.submit_prepared(prepared, is_async))
+                    blocking(|| {
+                        gds_op::prepare(&gds.driver, req, gds.parallelism, gds.block_size)
+                            .and_then(|prepared| self.core.submit_prepared(prepared, is_async))
+                    })
                 }
                 None if info.is_cuda && self.gds_unavailable.is_some() => Err(Error::Gds(format!(
                     "this gds_handle has no GPUDirect Storage: {}",
                     self.gds_unavailable.as_deref().unwrap_or_default()
                 ))),
-                _ => request(read, op, info, target, validate, file_offset).and_then(|req| self.core.submit(req, is_async)),
+                _ => request(read, op, info, target, validate, file_offset)
+                    .and_then(|req| blocking(|| self.core.submit(req, is_async))),
             };
             match submitted {
                 Ok(n) => Ok(count(n)),
@@ -381,7 +410,7 @@ impl IoHandle {
                 Ok(r) => r,
                 Err(e) => return request_error_to_code(e),
             };
-            match self.core.transfer_inline(req) {
+            match blocking(|| self.core.transfer_inline(req)) {
                 Ok(()) => {
                     let usec = start.elapsed().as_secs_f64() * 1e6;
                     println!("Elapsed time(usec): aio = {usec:.0} call = {usec:.0}");
@@ -393,7 +422,7 @@ impl IoHandle {
     }
 
     fn wait(&self) -> Result<i32, Error> {
-        guarded("wait", || self.core.wait().map(count))
+        guarded("wait", || blocking(|| self.core.wait()).map(count))
     }
 
     fn gds_state(&self) -> Result<&GdsState, Error> {
@@ -409,7 +438,7 @@ impl IoHandle {
             if !(info.is_cuda && info.has_storage) {
                 return Err(Error::InvalidArgument("pin_device_tensor takes a CUDA tensor".into()));
             }
-            gds.driver.register_device_buffer(info.ptr as u64, info.nbytes)?;
+            blocking(|| gds.driver.register_device_buffer(info.ptr as u64, info.nbytes))?;
             Ok(true)
         })
     }
@@ -420,7 +449,7 @@ impl IoHandle {
             if !info.has_storage {
                 return Ok(false);
             }
-            gds.driver.deregister_device_buffer(info.ptr as u64)
+            blocking(|| gds.driver.deregister_device_buffer(info.ptr as u64))
         })
     }
 
@@ -493,7 +522,7 @@ fn pinned_alloc(num_elem: i64, element_size: usize) -> Result<usize, Error> {
                     "cannot allocate {num_elem} elements of {element_size} bytes of locked memory"
                 ))
             })?;
-        PinnedMemoryManager::shared().alloc(bytes).map(|p| p.as_ptr() as usize)
+        blocking(|| PinnedMemoryManager::shared().alloc(bytes)).map(|p| p.as_ptr() as usize)
     })
 }
 

@@ -292,6 +292,32 @@ impl OpenFile {
     }
 }
 
+impl OpenFile {
+    /// Closes the descriptors this op opened, reporting the first failure:
+    /// some file systems (NFS, FUSE) report a deferred write error only at
+    /// close(), and a write op must not succeed past it. The caller's fd is
+    /// never closed.
+    pub fn close_owned(&mut self) -> std::result::Result<(), i32> {
+        let mut first = None;
+        for fd in self.owned.drain(..) {
+            // SAFETY: we opened these and nobody else holds them.
+            if unsafe { libc::close(fd) } != 0 {
+                let e = io::Error::last_os_error();
+                // EINTR: the descriptor is closed all the same on Linux.
+                if e.raw_os_error() != Some(libc::EINTR) && first.is_none() {
+                    first = Some(e);
+                }
+            }
+        }
+        self.direct_fd = self.direct_fd.filter(|&fd| fd == self.origin_fd && self.path.is_none());
+        self.buffered_fd = self.buffered_fd.filter(|&fd| fd == self.origin_fd && self.path.is_none());
+        match first {
+            None => Ok(()),
+            Some(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    }
+}
+
 impl Drop for OpenFile {
     fn drop(&mut self) {
         for &fd in &self.owned {

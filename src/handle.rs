@@ -17,6 +17,7 @@
 //! in flight (logging any failure), then stops and joins its workers.
 
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -45,7 +46,10 @@ pub trait OpWork: Send + Sync {
 /// first slice error, or validate and copy a bounced read back. Dropping it
 /// releases the op's files and buffers.
 pub trait OpCompletion: Send {
-    fn finish(self: Box<Self>, outcome: Result<()>) -> Result<()>;
+    /// Called once. The completion is dropped afterwards, outside the
+    /// handle's locks: dropping it may release a torch tensor, which can
+    /// take the GIL.
+    fn finish(&mut self, outcome: Result<()>) -> Result<()>;
 }
 
 /// An op ready to be dispatched.
@@ -99,9 +103,47 @@ impl InFlight {
     }
 }
 
+/// One slice of one op, sent to a worker. A job dropped without running (a
+/// worker that died, a queue torn down) fails its slice, so no `wait()` can
+/// hang on it.
 struct Job {
     op: Arc<InFlight>,
     slice: usize,
+    ran: bool,
+}
+
+impl Job {
+    /// Runs the slice; returns false when it panicked (the engine is then
+    /// not to be trusted).
+    fn run(mut self, engine: &mut dyn Engine) -> bool {
+        let (outcome, clean) = match catch_unwind(AssertUnwindSafe(|| self.op.work.run_slice(self.slice, engine))) {
+            Ok(outcome) => (outcome, true),
+            Err(payload) => {
+                let detail = format!("internal error (panic) in an I/O worker: {}", panic_text(&*payload));
+                (Err(self.op.work.slice_error(self.slice, detail)), false)
+            }
+        };
+        self.ran = true;
+        self.op.complete_slice(outcome);
+        clean
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if !self.ran {
+            let e = self.op.work.slice_error(self.slice, "the I/O worker stopped before running this slice".into());
+            self.op.complete_slice(Err(e));
+        }
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
 }
 
 struct Worker {
@@ -125,8 +167,12 @@ fn worker_engine(kind: EngineKind, queue_depth: usize) -> Box<dyn Engine> {
 fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<Job>) {
     let mut engine = worker_engine(kind, queue_depth);
     for job in jobs {
-        let outcome = job.op.work.run_slice(job.slice, engine.as_mut());
-        job.op.complete_slice(outcome);
+        let clean = job.run(engine.as_mut());
+        // A ring that failed (or a run that panicked midway) is not trusted
+        // with the next op: start a fresh engine.
+        if !clean || engine.is_broken() {
+            engine = worker_engine(kind, queue_depth);
+        }
     }
 }
 
@@ -227,13 +273,19 @@ impl IoHandle {
     /// returns 0 at once; otherwise waits for every pending op and returns
     /// how many finished. Slice `i` runs on worker `i % workers`.
     pub fn submit_prepared(&self, op: PreparedOp, is_async: bool) -> Result<usize> {
-        let _serial = self.serial.lock();
-        self.dispatch(op);
         if is_async {
-            Ok(0)
-        } else {
-            self.wait_locked()
+            // An async submit never waits behind another thread's blocking
+            // call: DeepSpeed's bindings keep the GIL for async_*.
+            self.dispatch(op);
+            return Ok(0);
         }
+        let (result, finished) = {
+            let _serial = self.serial.lock();
+            self.dispatch(op);
+            self.wait_locked()
+        };
+        drop(finished);
+        result
     }
 
     fn dispatch(&self, op: PreparedOp) {
@@ -245,36 +297,49 @@ impl IoHandle {
             done: Condvar::new(),
             completion: Mutex::new(Some(completion)),
         });
-        self.pending.lock().push_back(in_flight.clone());
+        // Queue and hand out under one lock, so every worker sees ops in the
+        // order `wait()` finishes them.
+        let mut pending = self.pending.lock();
+        pending.push_back(in_flight.clone());
         for slice in 0..slices {
             let worker = &self.workers[slice % self.workers.len()];
-            let job = Job { op: in_flight.clone(), slice };
-            let sent = worker.jobs.as_ref().map(|tx| tx.send(job));
-            if !matches!(sent, Some(Ok(()))) {
-                // A worker that is gone cannot run its slice; fail the slice
-                // rather than leave the op waiting forever.
-                let e = in_flight.work.slice_error(slice, format!("I/O worker {} has stopped", slice % self.workers.len()));
-                in_flight.complete_slice(Err(e));
+            let job = Job { op: in_flight.clone(), slice, ran: false };
+            if let Some(tx) = worker.jobs.as_ref() {
+                // A send to a worker that is gone drops the job, which fails
+                // its slice rather than leave the op waiting forever.
+                let _ = tx.send(job);
             }
         }
     }
 
     /// Waits for every pending op, finishes each, and returns how many.
     pub fn wait(&self) -> Result<usize> {
-        let _serial = self.serial.lock();
-        self.wait_locked()
+        let (result, finished) = {
+            let _serial = self.serial.lock();
+            self.wait_locked()
+        };
+        drop(finished);
+        result
     }
 
-    fn wait_locked(&self) -> Result<usize> {
+    /// Finishes every pending op in order. Returns the count (or the first
+    /// error) and the finished completions, for the caller to drop once it
+    /// has let go of `serial`.
+    fn wait_locked(&self) -> (Result<usize>, Vec<Box<dyn OpCompletion>>) {
         let mut completed = 0usize;
         let mut first: Option<Error> = None;
         let mut more = 0usize;
+        let mut finished = Vec::new();
         loop {
             let Some(op) = self.pending.lock().pop_front() else { break };
             let outcome = op.wait_slices();
             let taken = op.completion.lock().take();
             let result = match taken {
-                Some(completion) => completion.finish(outcome),
+                Some(mut completion) => {
+                    let r = completion.finish(outcome);
+                    finished.push(completion);
+                    r
+                }
                 None => outcome,
             };
             completed += 1;
@@ -286,11 +351,12 @@ impl IoHandle {
                 }
             }
         }
-        match first {
+        let result = match first {
             None => Ok(completed),
             Some(e) if more == 0 => Err(e),
             Some(e) => Err(Error::Many { first: Box::new(e), more }),
-        }
+        };
+        (result, finished)
     }
 
     /// `read`/`write`: one synchronous, unsplit transfer on the calling thread.
@@ -302,9 +368,16 @@ impl IoHandle {
             if slot.is_none() {
                 *slot = Some(worker_engine(self.engine_kind, self.config.queue_depth));
             }
-            plan.run_slice(0, slot.as_mut().expect("inline engine").as_mut()).map_err(Error::from)
+            let engine = slot.as_mut().expect("inline engine");
+            let outcome = catch_unwind(AssertUnwindSafe(|| plan.run_slice(0, engine.as_mut()).map_err(Error::from)))
+                .unwrap_or_else(|p| Err(Error::Engine(format!("internal error (panic) in a transfer: {}", panic_text(&*p)))));
+            if engine.is_broken() {
+                *slot = None;
+            }
+            outcome
         };
-        Box::new(op).finish(outcome)
+        let mut op = op;
+        op.finish(outcome)
     }
 
     /// Convenience for Rust callers: a parallel read into `buffer`.

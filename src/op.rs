@@ -180,10 +180,14 @@ impl OpWork for OpPlan {
 
 /// Where the I/O memory of an op is.
 enum IoMemory {
-    /// The caller's buffer itself.
-    Direct,
-    /// A bounce buffer and the way back to the caller's buffer.
-    Bounce { buffer: PageAlignedBuffer, staging: Box<dyn Staging> },
+    /// The caller's buffer itself. `_keep_alive` is the caller's handle on it
+    /// (the torch glue's reference to the tensor): it must live until the op
+    /// finishes, or torch could free and reuse the memory under the I/O.
+    Direct { _keep_alive: Option<Box<dyn Staging>> },
+    /// A bounce buffer and the way back to the caller's buffer. The I/O
+    /// bytes start `skew` bytes in, so that memory and file offsets share
+    /// their alignment and O_DIRECT can still be used for an unaligned offset.
+    Bounce { buffer: PageAlignedBuffer, skew: usize, staging: Box<dyn Staging> },
 }
 
 /// One prepared transfer. Owns its descriptors and bounce buffer; dropping
@@ -324,7 +328,7 @@ impl CpuOp {
         }
 
         let memory = if is_direct_capable(&buffer, manager) {
-            IoMemory::Direct
+            IoMemory::Direct { _keep_alive: staging }
         } else {
             let mut staging = match staging {
                 Some(s) => s,
@@ -338,15 +342,18 @@ impl CpuOp {
                     ))
                 }
             };
-            let mut bounce = PageAlignedBuffer::new(len, LockMode::BestEffort)?;
+            // Unlocked: O_DIRECT needs alignment, not locking, and locked
+            // bounce buffers would eat into RLIMIT_MEMLOCK.
+            let skew = (file_offset % page_size() as u64) as usize;
+            let mut bounce = PageAlignedBuffer::new(skew + len, LockMode::None)?;
             if direction == Direction::Write {
-                staging.copy_to_bounce(bounce.as_mut_slice())?;
+                staging.copy_to_bounce(&mut bounce.as_mut_slice()[skew..])?;
             }
-            IoMemory::Bounce { buffer: bounce, staging }
+            IoMemory::Bounce { buffer: bounce, skew, staging }
         };
         let io_ptr = match &memory {
-            IoMemory::Direct => buffer.ptr,
-            IoMemory::Bounce { buffer, .. } => buffer.as_ptr(),
+            IoMemory::Direct { .. } => buffer.ptr,
+            IoMemory::Bounce { buffer, skew, .. } => buffer.as_ptr().wrapping_add(*skew),
         };
 
         let direct = file.direct();
@@ -377,7 +384,7 @@ impl CpuOp {
 
     /// True when the I/O goes straight to the caller's memory.
     pub fn is_direct(&self) -> bool {
-        matches!(self.memory, IoMemory::Direct)
+        matches!(self.memory, IoMemory::Direct { .. })
     }
 
     pub fn len(&self) -> usize {
@@ -388,20 +395,38 @@ impl CpuOp {
     }
 }
 
+impl CpuOp {
+    fn close_error(&self, errno: i32) -> Error {
+        Error::Transfer(self.plan.name_target(TransferError {
+            direction: self.plan.direction,
+            path: None,
+            fd: self.file.any_fd(),
+            file_offset: self.file_offset,
+            len: self.len,
+            errno,
+            detail: Some("close() reported a deferred write error".into()),
+        }))
+    }
+}
+
 impl OpCompletion for CpuOp {
     /// Completes the op once every slice has run: reports the first slice
     /// error, else validates (if asked) and copies a bounced read back.
     /// Dropping `self` then closes the op's descriptors and frees the bounce.
-    fn finish(mut self: Box<Self>, outcome: Result<()>) -> Result<()> {
+    fn finish(&mut self, outcome: Result<()>) -> Result<()> {
         outcome?;
+        if self.plan.direction == Direction::Write {
+            // A deferred write error (NFS, FUSE) only shows at close().
+            self.file.close_owned().map_err(|errno| self.close_error(errno))?;
+        }
         if self.validate {
             // SAFETY: io_ptr covers len bytes that no one is writing now.
             let ours = unsafe { std::slice::from_raw_parts(self.io_ptr as *const u8, self.len) };
             report_validation(self.plan.direction, &self.file, self.file_offset, ours);
         }
         if self.plan.direction == Direction::Read {
-            if let IoMemory::Bounce { buffer, staging } = &mut self.memory {
-                staging.copy_from_bounce(buffer.as_slice())?;
+            if let IoMemory::Bounce { buffer, skew, staging } = &mut self.memory {
+                staging.copy_from_bounce(&buffer.as_slice()[*skew..])?;
             }
         }
         Ok(())

@@ -15,6 +15,35 @@ use crate::pinned::{memlock_limit, PinnedMemoryManager};
 /// shared with DeepSpeed's own extensions.
 const WRITE_WARNING_MARKER: &str = "_deepspeed_nvme_write_warning_emitted";
 
+extern "C" {
+    // In every CPython 3; pyo3 leaves it out of its abi3 declarations.
+    fn PyGILState_Check() -> std::os::raw::c_int;
+}
+
+/// Runs `f` with the GIL released when this thread holds it, and takes it
+/// back afterwards (also if `f` panics). DeepSpeed's bindings keep the GIL
+/// for several blocking calls (every gds_handle method, async submits, the
+/// handle's destructor); holding it while waiting for I/O would stall every
+/// Python thread, and could deadlock with a thread that needs the GIL to
+/// release a tensor while it holds the handle's lock.
+pub fn without_gil<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(*mut pyo3::ffi::PyThreadState);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: restores the thread state saved below, on this thread.
+            unsafe { pyo3::ffi::PyEval_RestoreThread(self.0) };
+        }
+    }
+    // SAFETY: PyGILState_Check is callable from any thread once Python is
+    // initialised; SaveThread is only called when this thread holds the GIL.
+    let holds_gil = unsafe { pyo3::ffi::Py_IsInitialized() != 0 && PyGILState_Check() == 1 };
+    if !holds_gil {
+        return f();
+    }
+    let _restore = Restore(unsafe { pyo3::ffi::PyEval_SaveThread() });
+    f()
+}
+
 /// Logs `message` through `deepspeed.utils.logger.warning` unless another
 /// extension already did. Returns false when Python or DeepSpeed is not
 /// there to take it (the caller then prints it itself).

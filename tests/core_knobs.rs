@@ -161,7 +161,8 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
         assert!(flags & libc::O_DIRECT != 0, "the test directory must support O_DIRECT");
         // Block size rounded to the O_DIRECT unit for the direct segments.
         assert_eq!(plan.direct_knobs.block_size % 512, 0);
-        deepnvme::handle::OpCompletion::finish(Box::new(op), Ok(())).unwrap();
+        let mut op = op;
+        deepnvme::handle::OpCompletion::finish(&mut op, Ok(())).unwrap();
     }
     // An unaligned op whose memory is misaligned like its file offset (a
     // narrow at +1 written at offset 1): direct body, buffered edges.

@@ -158,6 +158,11 @@ pub trait Engine: Send {
     fn kind(&self) -> EngineKind;
     /// Moves every segment; returns only when nothing is in flight.
     fn run(&mut self, direction: Direction, segments: &[Segment], knobs: &Knobs) -> std::result::Result<(), TransferError>;
+    /// True once the engine cannot be trusted with another run (its ring
+    /// failed); the owner replaces it.
+    fn is_broken(&self) -> bool {
+        false
+    }
 }
 
 /// Creates an engine able to keep `queue_depth` requests in flight.

@@ -24,15 +24,29 @@ pub struct UringEngine {
     /// In-flight pieces, indexed by `user_data`.
     slots: Vec<Option<Piece>>,
     free_slots: Vec<usize>,
+    /// Set when `io_uring_enter` failed for good: the ring may hold entries
+    /// the kernel never took, which must never be submitted later.
+    broken: bool,
 }
 
 // SAFETY: the ring and the raw pointers in `slots` are only used by the
 // thread that currently owns the engine; nothing is in flight between runs.
 unsafe impl Send for UringEngine {}
 
-/// Creates and tears down a small ring, and runs one NOP through it.
+/// Creates and tears down a small ring, checks that the kernel has the
+/// READ and WRITE opcodes (5.6+; a 5.4 ring runs NOPs but fails every read
+/// with EINVAL), and runs one NOP through it.
 pub(crate) fn probe() -> std::result::Result<(), String> {
     let mut ring = IoUring::new(2).map_err(|e| format!("io_uring_setup: {e}"))?;
+    let mut ops = io_uring::Probe::new();
+    ring.submitter()
+        .register_probe(&mut ops)
+        .map_err(|e| format!("IORING_REGISTER_PROBE (kernel older than 5.6?): {e}"))?;
+    for (name, code) in [("READ", opcode::Read::CODE), ("WRITE", opcode::Write::CODE)] {
+        if !ops.is_supported(code) {
+            return Err(format!("the kernel's io_uring lacks IORING_OP_{name}"));
+        }
+    }
     let nop = opcode::Nop::new().build().user_data(7);
     // SAFETY: a NOP carries no memory.
     unsafe { ring.submission().push(&nop).map_err(|_| "submission queue full".to_string())? };
@@ -57,6 +71,7 @@ impl UringEngine {
             capacity,
             slots: vec![None; capacity],
             free_slots: (0..capacity).rev().collect(),
+            broken: false,
         })
     }
 
@@ -97,7 +112,25 @@ impl Engine for UringEngine {
         EngineKind::Uring
     }
 
+    fn is_broken(&self) -> bool {
+        self.broken
+    }
+
     fn run(&mut self, direction: Direction, segments: &[Segment], knobs: &Knobs) -> std::result::Result<(), TransferError> {
+        let first_fd = segments.first().map(|s| s.fd).unwrap_or(-1);
+        let first_offset = segments.first().map(|s| s.file_offset).unwrap_or(0);
+        let ring_error = |errno: i32| TransferError {
+            direction,
+            path: None,
+            fd: first_fd,
+            file_offset: first_offset,
+            len: segments.iter().map(|s| s.len).sum(),
+            errno,
+            detail: Some("io_uring_enter failed; the ring is abandoned".into()),
+        };
+        if self.broken {
+            return Err(ring_error(libc::EIO));
+        }
         // Pieces longer than u32 cannot be one SQE; block sizes are ints anyway.
         let block = knobs.block_size.clamp(1, 1 << 30);
         let depth = knobs.queue_depth.clamp(1, self.capacity);
@@ -118,13 +151,7 @@ impl Engine for UringEngine {
                     in_flight += 1;
                     if knobs.single_submit {
                         if let Err(errno) = self.submit_wait(0) {
-                            // The kernel refused the submit itself: nothing of
-                            // this entry is in flight, but earlier ones may be.
-                            let p = self.slots[slot].take().expect("slot just filled");
-                            self.free_slots.push(slot);
-                            in_flight -= 1;
-                            first_error.get_or_insert(p.error(direction, errno, Some("io_uring_enter failed".into())));
-                            break;
+                            return Err(self.abandon(in_flight, ring_error(errno)));
                         }
                     }
                 }
@@ -135,20 +162,7 @@ impl Engine for UringEngine {
             // Wait: for one completion when overlapping, else the whole batch.
             let want = if knobs.overlap_events { 1 } else { in_flight };
             if let Err(errno) = self.submit_wait(want) {
-                // Cannot wait on the ring: the kernel still owns the buffers,
-                // so keep trying to reap with the plainest wait there is.
-                first_error.get_or_insert(TransferError {
-                    direction,
-                    path: None,
-                    fd: segments.first().map(|s| s.fd).unwrap_or(-1),
-                    file_offset: segments.first().map(|s| s.file_offset).unwrap_or(0),
-                    len: 0,
-                    errno,
-                    detail: Some("io_uring_enter wait failed".into()),
-                });
-                while self.ring.submit_and_wait(1).is_err() {
-                    std::thread::yield_now();
-                }
+                return Err(self.abandon(in_flight, first_error.unwrap_or(ring_error(errno))));
             }
             completions.clear();
             completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
@@ -166,10 +180,7 @@ impl Engine for UringEngine {
                         self.push(direction, slot);
                         if knobs.single_submit {
                             if let Err(errno) = self.submit_wait(0) {
-                                let p = self.slots[slot].take().expect("slot just filled");
-                                self.free_slots.push(slot);
-                                in_flight -= 1;
-                                first_error.get_or_insert(p.error(direction, errno, Some("io_uring_enter failed".into())));
+                                return Err(self.abandon(in_flight, ring_error(errno)));
                             }
                         }
                     }
@@ -190,5 +201,32 @@ impl Engine for UringEngine {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+impl UringEngine {
+    /// After `io_uring_enter` failed for good: waits, without entering the
+    /// ring again, until every request the kernel did take has completed
+    /// (it may still be moving bytes in the caller's buffers), then marks
+    /// the engine broken so the entries it never took are never submitted.
+    fn abandon(&mut self, in_flight: usize, error: TransferError) -> TransferError {
+        self.broken = true;
+        let mut outstanding = in_flight.saturating_sub(self.ring.submission().len());
+        let mut logged = false;
+        while outstanding > 0 {
+            let reaped = self.ring.completion().count();
+            outstanding = outstanding.saturating_sub(reaped);
+            if outstanding > 0 {
+                if !logged {
+                    crate::log::error(&format!(
+                        "io_uring failed ({error}); waiting for {outstanding} requests the kernel already took"
+                    ));
+                    logged = true;
+                }
+                // A syscall also runs the task work that posts completions.
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        error
     }
 }

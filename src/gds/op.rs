@@ -73,7 +73,7 @@ struct GdsCompletion {
 }
 
 impl OpCompletion for GdsCompletion {
-    fn finish(mut self: Box<Self>, outcome: Result<()>) -> Result<()> {
+    fn finish(&mut self, outcome: Result<()>) -> Result<()> {
         outcome?;
         if self.validate {
             match self.staging.as_mut() {
