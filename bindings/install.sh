@@ -36,9 +36,16 @@ else
 fi
 
 # Rebuild deepnvme only when its sources changed since the last install.
+list_sources() {  # the build's inputs, NUL-separated (git's list, or find outside a checkout)
+    if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        git -C "$ROOT" ls-files -z -- Cargo.toml Cargo.lock build.rs src cpp bindings
+    else
+        (cd "$ROOT" && find Cargo.toml Cargo.lock build.rs src cpp bindings -type f \
+            -not -path 'bindings/build/*' -not -path '*/__pycache__/*' -not -name '*.so' -print0 | sort -z)
+    fi
+}
 stamp_of_sources() {
-    (cd "$ROOT" && git ls-files -z -- Cargo.toml Cargo.lock build.rs src cpp bindings 2>/dev/null \
-        | xargs -0 sha256sum 2>/dev/null; "$PY" -m pip show torch deepspeed 2>/dev/null | grep ^Version) \
+    (cd "$ROOT" && list_sources | xargs -0 sha256sum; "$PY" -m pip show torch deepspeed 2>/dev/null | grep ^Version) \
         | sha256sum | cut -d' ' -f1
 }
 STAMP_FILE="$VENV/.deepnvme-build-stamp"

@@ -14,8 +14,9 @@
 //! (`CUFileSizeTConfigParameter_t`: `EXECUTION_MAX_IO_QUEUE_DEPTH`,
 //! `EXECUTION_MAX_IO_THREADS`, `EXECUTION_MIN_IO_THRESHOLD_SIZE_KB`,
 //! `EXECUTION_MAX_REQUEST_PARALLELISM`; `parallel_io` is a bool there too).
-//! A config file replaces `/etc/cufile.json` for keys it sets; unset keys
-//! take cuFile's defaults.
+//! A config file replaces `/etc/cufile.json` wholesale (unset keys take
+//! cuFile's defaults), so none is written on a machine that has its own
+//! `/etc/cufile.json`: its tuning wins.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -97,6 +98,12 @@ pub(crate) fn config_json(knobs: &DriverKnobs, log_dir: &str) -> String {
 
 /// The base directory for the private config directory: `$TMPDIR` when it
 /// is an absolute UTF-8 path to a directory, else `/tmp`.
+/// cuFile's default config path, when the machine has one.
+pub(crate) fn site_config() -> Option<PathBuf> {
+    let p = PathBuf::from("/etc/cufile.json");
+    p.is_file().then_some(p)
+}
+
 pub(crate) fn temp_base() -> PathBuf {
     let t = std::env::temp_dir();
     if t.is_absolute() && t.to_str().is_some() && t.is_dir() {

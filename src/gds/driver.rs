@@ -78,6 +78,8 @@ pub(crate) struct DriverCore<D: DriverOps, E: EnvAccess> {
     env: E,
     /// Where the private config directory is created.
     temp_base: Box<dyn Fn() -> PathBuf + Send + Sync>,
+    /// The machine's own cuFile config, when it has one (`/etc/cufile.json`).
+    site_config: Box<dyn Fn() -> Option<PathBuf> + Send + Sync>,
     state: Mutex<State>,
     /// Registered device buffers. Transfers hold a read lock for their whole
     /// run, so deregistering waits for the transfers that use the table.
@@ -103,7 +105,20 @@ impl<'a, D: DriverOps, E: EnvAccess> CoreGuard<'a, D, E> {
 
 impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
     pub fn new(ops: D, env: E, temp_base: Box<dyn Fn() -> PathBuf + Send + Sync>) -> Self {
-        DriverCore { ops, env, temp_base, state: Mutex::new(State::default()), regions: RwLock::new(RegionMap::new()) }
+        DriverCore {
+            ops,
+            env,
+            temp_base,
+            site_config: Box::new(|| None),
+            state: Mutex::new(State::default()),
+            regions: RwLock::new(RegionMap::new()),
+        }
+    }
+
+    /// Uses `site_config` to find the machine's own cuFile config.
+    pub fn with_site_config(mut self, site_config: Box<dyn Fn() -> Option<PathBuf> + Send + Sync>) -> Self {
+        self.site_config = site_config;
+        self
     }
 
     /// How many guards hold the driver open.
@@ -159,6 +174,20 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
                         "{CUFILE_ENV_PATH_JSON} is set to {}; cuFile uses that config, and the handle's \
                          queue_depth/intra_op_parallelism are not written into one",
                         PathBuf::from(user).display()
+                    ),
+                );
+                (None, None)
+            }
+            // A GDS machine's /etc/cufile.json holds its tuning (RDMA devices,
+            // file-system sections, compat mode); a file of ours would replace
+            // it wholesale, so it wins. (DeepSpeed's own file was never read.)
+            None if (self.site_config)().is_some() => {
+                let site = (self.site_config)().unwrap_or_default();
+                crate::log::info_once(
+                    "gds-site-cufile-json",
+                    &format!(
+                        "using this machine's cuFile config {}; the handle's queue_depth/intra_op_parallelism                          are not written into one",
+                        site.display()
                     ),
                 );
                 (None, None)
@@ -397,7 +426,10 @@ impl DriverOps for CuFileOps {
 /// The process's driver.
 pub(crate) fn global() -> &'static DriverCore<CuFileOps, ProcessEnv> {
     static CORE: std::sync::OnceLock<DriverCore<CuFileOps, ProcessEnv>> = std::sync::OnceLock::new();
-    CORE.get_or_init(|| DriverCore::new(CuFileOps::default(), ProcessEnv, Box::new(super::config::temp_base)))
+    CORE.get_or_init(|| {
+        DriverCore::new(CuFileOps::default(), ProcessEnv, Box::new(super::config::temp_base))
+            .with_site_config(Box::new(super::config::site_config))
+    })
 }
 
 #[cfg(test)]
@@ -551,6 +583,19 @@ mod tests {
         assert_eq!(entries(&base), 0);
         drop(g);
         assert_eq!(env.get(CUFILE_ENV_PATH_JSON), Some(OsString::from("/etc/my-cufile.json")), "left alone at close");
+        std::fs::remove_dir_all(&base).ok();
+    }
+
+    #[test]
+    fn a_site_cufile_json_is_used_instead_of_a_private_one() {
+        let (core, env, base) = setup("siteconf");
+        let core = core.with_site_config(Box::new(|| Some(PathBuf::from("/etc/cufile.json"))));
+        let g = core.acquire(DriverKnobs::DEFAULT).unwrap();
+        assert_eq!(env.get(CUFILE_ENV_PATH_JSON), None, "cuFile reads its default, the site's file");
+        assert_eq!(*core.ops.env_at_open.lock(), Some(None));
+        assert_eq!(core.config_file(), None, "nothing written");
+        assert_eq!(entries(&base), 0);
+        drop(g);
         std::fs::remove_dir_all(&base).ok();
     }
 
