@@ -1,15 +1,19 @@
 //! The fallback engine: blocking pread/pwrite on threads.
 //!
 //! Used where io_uring cannot be set up. Up to `queue_depth` pieces (capped
-//! at [`MAX_THREADS`]) are in flight at once, one per thread; a run with a
-//! single piece, or a depth of one, stays on the calling thread. The
+//! at [`MAX_THREADS`]) are in flight at once: the calling thread plus helper
+//! threads, which the engine starts once and keeps for its lifetime (a run
+//! of many small ops does not pay for thread creation each time). A run with
+//! a single piece, or a depth of one, stays on the calling thread. The
 //! `single_submit` and `overlap_events` knobs have no meaning here: every
-//! piece is its own syscall and threads pick up the next piece as soon as
-//! they finish one.
+//! piece is its own syscall, and each thread takes the next piece as soon as
+//! it finishes one.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::{move_piece_blocking, pieces, Engine, EngineKind, Knobs, Piece, Segment};
 use crate::error::{Direction, TransferError};
@@ -17,13 +21,99 @@ use crate::error::{Direction, TransferError};
 /// More threads than this per worker buys nothing on NVMe.
 pub const MAX_THREADS: usize = 16;
 
+/// One run's pieces, shared by the threads that move them.
+struct RunState {
+    direction: Direction,
+    pieces: Vec<Piece>,
+    next: AtomicUsize,
+    failed: AtomicBool,
+    first_error: Mutex<Option<TransferError>>,
+    /// Helpers still working on this run.
+    helpers_busy: Mutex<usize>,
+    helpers_done: Condvar,
+}
+
+impl RunState {
+    /// Moves pieces until none are left or one failed.
+    fn work(&self) {
+        while !self.failed.load(Ordering::Relaxed) {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(piece) = self.pieces.get(i) else { return };
+            let mut piece = *piece;
+            if let Err(e) = move_piece_blocking(self.direction, &mut piece) {
+                self.failed.store(true, Ordering::Relaxed);
+                self.first_error.lock().get_or_insert(e);
+                return;
+            }
+        }
+    }
+
+    fn helper_finished(&self) {
+        let mut busy = self.helpers_busy.lock();
+        *busy -= 1;
+        if *busy == 0 {
+            self.helpers_done.notify_all();
+        }
+    }
+}
+
+/// Helper threads that take runs from a shared queue.
+struct Pool {
+    runs: Option<mpsc::Sender<Arc<RunState>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    fn start(count: usize) -> Pool {
+        let (tx, rx) = mpsc::channel::<Arc<RunState>>();
+        let rx = Arc::new(Mutex::new(rx));
+        let threads = (0..count)
+            .filter_map(|i| {
+                let rx = rx.clone();
+                std::thread::Builder::new()
+                    .name(format!("deepnvme-psync-{i}"))
+                    .spawn(move || loop {
+                        let next = rx.lock().recv();
+                        let Ok(run) = next else { return };
+                        // Whatever happens, the run must hear that this helper is done.
+                        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.work())).is_err() {
+                            run.failed.store(true, Ordering::Relaxed);
+                            run.first_error.lock().get_or_insert(TransferError {
+                                direction: run.direction,
+                                path: None,
+                                fd: run.pieces.first().map(|p| p.fd).unwrap_or(-1),
+                                file_offset: run.pieces.first().map(|p| p.file_offset).unwrap_or(0),
+                                len: 0,
+                                errno: libc::EIO,
+                                detail: Some("internal error (panic) in a psync thread".into()),
+                            });
+                        }
+                        run.helper_finished();
+                    })
+                    .ok()
+            })
+            .collect();
+        Pool { runs: Some(tx), threads }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.runs.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 pub struct PsyncEngine {
     max_threads: usize,
+    pool: Option<Pool>,
 }
 
 impl PsyncEngine {
     pub fn new(queue_depth: usize) -> Self {
-        PsyncEngine { max_threads: queue_depth.clamp(1, MAX_THREADS) }
+        PsyncEngine { max_threads: queue_depth.clamp(1, MAX_THREADS), pool: None }
     }
 }
 
@@ -41,27 +131,34 @@ impl Engine for PsyncEngine {
             }
             return Ok(());
         }
-        let next = AtomicUsize::new(0);
-        let failed = AtomicBool::new(false);
-        let first_error: Mutex<Option<TransferError>> = Mutex::new(None);
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                scope.spawn(|| loop {
-                    if failed.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(piece) = all.get(i) else { return };
-                    let mut piece = *piece;
-                    if let Err(e) = move_piece_blocking(direction, &mut piece) {
-                        failed.store(true, Ordering::Relaxed);
-                        first_error.lock().get_or_insert(e);
-                        return;
-                    }
-                });
-            }
+        let pool = self.pool.get_or_insert_with(|| Pool::start(self.max_threads - 1));
+        let state = Arc::new(RunState {
+            direction,
+            pieces: all,
+            next: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            first_error: Mutex::new(None),
+            helpers_busy: Mutex::new(0),
+            helpers_done: Condvar::new(),
         });
-        match first_error.into_inner() {
+        let helpers = (threads - 1).min(pool.threads.len());
+        *state.helpers_busy.lock() = helpers;
+        for _ in 0..helpers {
+            let sent = pool.runs.as_ref().map(|tx| tx.send(state.clone()));
+            if !matches!(sent, Some(Ok(()))) {
+                state.helper_finished();
+            }
+        }
+        // The calling thread moves pieces too, then waits for the helpers:
+        // none may still touch the buffers when this returns.
+        state.work();
+        let mut busy = state.helpers_busy.lock();
+        while *busy > 0 {
+            state.helpers_done.wait(&mut busy);
+        }
+        drop(busy);
+        let error = state.first_error.lock().take();
+        match error {
             Some(e) => Err(e),
             None => Ok(()),
         }
