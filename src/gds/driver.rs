@@ -186,7 +186,8 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
                 crate::log::info_once(
                     "gds-site-cufile-json",
                     &format!(
-                        "using this machine's cuFile config {}; the handle's queue_depth/intra_op_parallelism                          are not written into one",
+                        "using this machine's cuFile config {}; the handle's queue_depth/intra_op_parallelism \
+                         are not written into one",
                         site.display()
                     ),
                 );
