@@ -19,6 +19,8 @@
 //! O_DIRECT, so not tmpfs; default `target/gds-test`), `DEEPNVME_GDS_BENCH_MB`
 //! (also time a transfer of that many MiB each way; default 0 = skip).
 
+mod common;
+
 use std::ffi::{c_int, c_uint, c_void, CString};
 use std::os::fd::RawFd;
 use std::time::Instant;
@@ -138,28 +140,11 @@ fn open_direct(path: &std::path::Path) -> Result<RawFd, String> {
     Ok(fd)
 }
 
-fn find_pip_libcufile() -> Option<String> {
-    for root in ["/opt/torch/.venv/lib", "/root/.cache/deepnvme-venv/lib", "/usr/local/lib", "/usr/lib"] {
-        let Ok(pythons) = std::fs::read_dir(root) else { continue };
-        for py in pythons.filter_map(|e| e.ok()) {
-            for sub in
-                ["site-packages/nvidia/cu13/lib", "site-packages/nvidia/cufile/lib", "dist-packages/nvidia/cufile/lib"]
-            {
-                let p = py.path().join(sub).join("libcufile.so.0");
-                if p.is_file() {
-                    return Some(p.display().to_string());
-                }
-            }
-        }
-    }
-    None
-}
-
 #[test]
 fn gds_roundtrip_on_a_gpu() {
     // This binary has this one test, so setting the variable here races with nobody.
     if std::env::var_os(gds::CUFILE_LIB_ENV).is_none() {
-        if let Some(lib) = find_pip_libcufile() {
+        if let Some(lib) = common::pip_libcufile() {
             std::env::set_var(gds::CUFILE_LIB_ENV, lib);
         }
     }

@@ -8,6 +8,8 @@
 //! missing) and on a GPU machine (where the same calls may succeed, and then
 //! the config/env rules are checked for real).
 
+mod common;
+
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,24 +19,6 @@ use deepnvme::gds::{self, GdsDriver, CUDA_LIB_ENV, CUFILE_ENV_PATH_JSON, CUFILE_
 use deepnvme::Error;
 
 const CHILD: &str = "DEEPNVME_GDS_TEST_CHILD";
-
-/// The libcufile that `pip install nvidia-cufile` put on this machine, if any.
-fn pip_libcufile() -> Option<String> {
-    for root in ["/root/.cache/deepnvme-venv/lib", "/opt/torch/.venv/lib", "/usr/local/lib", "/usr/lib"] {
-        let Ok(pythons) = std::fs::read_dir(root) else { continue };
-        for py in pythons.filter_map(|e| e.ok()) {
-            for sub in
-                ["site-packages/nvidia/cu13/lib", "site-packages/nvidia/cufile/lib", "dist-packages/nvidia/cufile/lib"]
-            {
-                let p = py.path().join(sub).join("libcufile.so.0");
-                if p.is_file() {
-                    return Some(p.display().to_string());
-                }
-            }
-        }
-    }
-    None
-}
 
 /// Whether this process can dlopen `name` (with the test's own search path).
 fn loadable(name: &str) -> bool {
@@ -207,7 +191,7 @@ fn probe_lists_the_default_names_with_a_cleared_library_path() {
 
 #[test]
 fn probe_with_libcufile_but_no_driver_names_the_driver() {
-    let Some(lib) = pip_libcufile() else {
+    let Some(lib) = common::pip_libcufile() else {
         eprintln!("skipped: no pip-installed libcufile.so.0 here");
         return;
     };
@@ -228,7 +212,7 @@ fn probe_with_libcufile_but_no_driver_names_the_driver() {
 
 #[test]
 fn probe_with_libcufile_and_the_machines_own_driver() {
-    let Some(lib) = pip_libcufile() else {
+    let Some(lib) = common::pip_libcufile() else {
         eprintln!("skipped: no pip-installed libcufile.so.0 here");
         return;
     };
@@ -264,7 +248,7 @@ fn acquire_fails_cleanly_without_a_gpu_and_leaves_nothing_behind() {
     let cwd = fresh_dir("cwd-nogpu");
     let tmp = fresh_dir("tmp-nogpu");
     let mut set = vec![(CUDA_LIB_ENV, "/nonexistent/deepnvme/libcuda.so.1"), ("TMPDIR", tmp.to_str().unwrap())];
-    let lib = pip_libcufile();
+    let lib = common::pip_libcufile();
     if let Some(l) = &lib {
         set.push((CUFILE_LIB_ENV, l));
     }
@@ -286,7 +270,7 @@ fn acquire_on_this_machine_follows_the_config_rules() {
     let cwd = fresh_dir("cwd-acquire");
     let tmp = fresh_dir("tmp-acquire");
     let mut set = vec![("TMPDIR", tmp.to_str().unwrap())];
-    let lib = pip_libcufile();
+    let lib = common::pip_libcufile();
     if let Some(l) = &lib {
         set.push((CUFILE_LIB_ENV, l));
     }
@@ -322,7 +306,7 @@ fn a_users_cufile_env_path_json_is_never_overridden() {
     let user_json = user.join("my-cufile.json");
     std::fs::write(&user_json, format!("{{ \"logging\": {{ \"dir\": \"{}\" }} }}\n", user.display())).unwrap();
     let mut set = vec![("TMPDIR", tmp.to_str().unwrap()), (CUFILE_ENV_PATH_JSON, user_json.to_str().unwrap())];
-    let lib = pip_libcufile();
+    let lib = common::pip_libcufile();
     if let Some(l) = &lib {
         set.push((CUFILE_LIB_ENV, l));
     }

@@ -247,7 +247,12 @@ pub(crate) mod tests {
     /// The libcufile that `pip install nvidia-cufile` put on this machine,
     /// if any (for the no-GPU tests).
     pub(crate) fn pip_libcufile() -> Option<String> {
-        let roots = ["/root/.cache/deepnvme-venv/lib", "/opt/torch/.venv/lib", "/usr/local/lib", "/usr/lib"];
+        let venv = std::env::var("DEEPNVME_VENV")
+            .ok()
+            .or_else(|| std::env::var("HOME").ok().map(|h| format!("{h}/.cache/deepnvme-venv")))
+            .map(|v| format!("{v}/lib"))
+            .unwrap_or_default();
+        let roots = [venv.as_str(), "/opt/torch/.venv/lib", "/usr/local/lib", "/usr/lib"];
         for root in roots {
             let Ok(pythons) = std::fs::read_dir(root) else { continue };
             for py in pythons.filter_map(|e| e.ok()) {

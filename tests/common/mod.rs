@@ -248,3 +248,26 @@ pub fn write_file(path: &Path, data: &[u8]) {
 pub fn read_file(path: &Path) -> Vec<u8> {
     fs::read(path).expect("reading back a file")
 }
+
+/// The libcufile that `pip install nvidia-cufile` (a dependency of CUDA
+/// torch) put into a Python environment here, if any: the deepnvme venv
+/// (`$DEEPNVME_VENV`, default `~/.cache/deepnvme-venv`), the active venv, or
+/// the system's site-packages.
+pub fn pip_libcufile() -> Option<String> {
+    let home_venv = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/deepnvme-venv"));
+    let venvs = [std::env::var_os("DEEPNVME_VENV").map(PathBuf::from), home_venv, std::env::var_os("VIRTUAL_ENV").map(PathBuf::from)];
+    let mut roots: Vec<PathBuf> = venvs.into_iter().flatten().map(|v| v.join("lib")).collect();
+    roots.extend(["/opt/torch/.venv/lib", "/usr/local/lib", "/usr/lib"].map(PathBuf::from));
+    for root in roots {
+        let Ok(pythons) = fs::read_dir(&root) else { continue };
+        for py in pythons.filter_map(|e| e.ok()) {
+            for sub in ["site-packages/nvidia/cu13/lib", "site-packages/nvidia/cufile/lib", "dist-packages/nvidia/cufile/lib"] {
+                let p = py.path().join(sub).join("libcufile.so.0");
+                if p.is_file() {
+                    return Some(p.display().to_string());
+                }
+            }
+        }
+    }
+    None
+}
