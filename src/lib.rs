@@ -14,6 +14,7 @@
 //! * [`config`]: the handle's knobs.
 //! * [`gds`]: GPUDirect Storage through cuFile, loaded at run time by cudarc.
 //! * [`error`], [`log`]: errors that name file, offset and errno; stderr lines.
+//! * [`json`]: the JSON string escaper for the cuFile config and the CLI.
 //! * `ffi` (feature `ffi`): the one cxx bridge to the C++ shims in `cpp/`.
 //! * `python` (feature `python`): the pyo3 front end `deepnvme._native`.
 //!
@@ -25,6 +26,7 @@ pub mod error;
 pub mod file;
 pub mod gds;
 pub mod handle;
+pub mod json;
 pub mod log;
 pub mod op;
 pub mod pinned;

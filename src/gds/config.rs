@@ -63,24 +63,7 @@ impl DriverKnobs {
     }
 }
 
-/// A JSON string literal for `s`.
-pub(crate) fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
+use crate::json::string as json_string;
 
 /// The config text: DeepSpeed's `execution` keys, plus the log directory.
 pub(crate) fn config_json(knobs: &DriverKnobs, log_dir: &str) -> String {

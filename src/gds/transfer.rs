@@ -369,6 +369,15 @@ pub(crate) fn run(
     };
     let job = PieceJob { gpu, t, handle: handle.handle, base, buf_offset, registered };
     let pieces = plan_pieces(t.len, parallelism, block_size);
+    let piece_error = |piece: &Piece, detail: String| TransferError {
+        direction: t.direction,
+        path: None,
+        fd: t.fd,
+        file_offset: t.file_offset + piece.offset as u64,
+        len: piece.len,
+        errno: libc::EIO,
+        detail: Some(detail),
+    };
     let result = if pieces.len() == 1 {
         job.run(pieces[0])
     } else {
@@ -377,34 +386,16 @@ pub(crate) fn run(
                 .iter()
                 .enumerate()
                 .map(|(i, &piece)| {
-                    let job = &job;
+                    let (job, piece_error) = (&job, &piece_error);
                     std::thread::Builder::new().name(format!("deepnvme-gds-{i}")).spawn_scoped(s, move || {
                         super::catch_panic_str(|| {
                             // Each worker needs the device's context current (a new thread has none).
                             if let Err(e) = gpu.cuda.set_current(ctx.raw()) {
-                                return Err(TransferError {
-                                    direction: t.direction,
-                                    path: None,
-                                    fd: t.fd,
-                                    file_offset: t.file_offset + piece.offset as u64,
-                                    len: piece.len,
-                                    errno: libc::EIO,
-                                    detail: Some(e),
-                                });
+                                return Err(piece_error(&piece, e));
                             }
                             job.run(piece)
                         })
-                        .unwrap_or_else(|panic| {
-                            Err(TransferError {
-                                direction: t.direction,
-                                path: None,
-                                fd: t.fd,
-                                file_offset: t.file_offset + piece.offset as u64,
-                                len: piece.len,
-                                errno: libc::EIO,
-                                detail: Some(panic),
-                            })
-                        })
+                        .unwrap_or_else(|panic| Err(piece_error(&piece, panic)))
                     })
                 })
                 .collect();
@@ -412,17 +403,7 @@ pub(crate) fn run(
                 .into_iter()
                 .zip(&pieces)
                 .map(|(w, piece)| match w {
-                    Ok(h) => h.join().unwrap_or_else(|_| {
-                        Err(TransferError {
-                            direction: t.direction,
-                            path: None,
-                            fd: t.fd,
-                            file_offset: t.file_offset + piece.offset as u64,
-                            len: piece.len,
-                            errno: libc::EIO,
-                            detail: Some("a GDS worker thread panicked".into()),
-                        })
-                    }),
+                    Ok(h) => h.join().unwrap_or_else(|_| Err(piece_error(piece, "a GDS worker thread panicked".into()))),
                     // Could not spawn: run the piece here instead.
                     Err(_) => job.run(*piece),
                 })

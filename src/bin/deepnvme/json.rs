@@ -54,7 +54,7 @@ impl Json {
                 let _ = write!(out, "{x}");
             }
             Json::Num(_) => out.push_str("null"),
-            Json::Str(s) => write_string(out, s),
+            Json::Str(s) => deepnvme::json::push_string(out, s),
             Json::Arr(items) => {
                 if items.is_empty() {
                     out.push_str("[]");
@@ -91,7 +91,7 @@ impl Json {
                         out.push(',');
                     }
                     newline(out, indent, level + 1);
-                    write_string(out, k);
+                    deepnvme::json::push_string(out, k);
                     out.push(':');
                     if indent > 0 {
                         out.push(' ');
@@ -112,23 +112,6 @@ fn newline(out: &mut String, indent: usize, level: usize) {
     }
 }
 
-fn write_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
 
 impl From<bool> for Json {
     fn from(v: bool) -> Json {
