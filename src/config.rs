@@ -2,9 +2,8 @@
 
 use crate::engine::EngineKind;
 use crate::error::{Error, Result};
+use crate::knobs;
 
-/// DeepSpeed's O_DIRECT alignment unit, used by `get_alignment()`.
-pub const O_DIRECT_ALIGNMENT: usize = 512;
 
 /// `aio_handle(block_size, queue_depth, single_submit, overlap_events,
 /// intra_op_parallelism)` and how the bytes are moved.
@@ -28,11 +27,11 @@ pub struct HandleConfig {
 impl Default for HandleConfig {
     fn default() -> Self {
         HandleConfig {
-            block_size: 1 << 20,
-            queue_depth: 128,
-            single_submit: false,
-            overlap_events: false,
-            intra_op_parallelism: 1,
+            block_size: knobs::DEFAULT_BLOCK_SIZE,
+            queue_depth: knobs::DEFAULT_QUEUE_DEPTH,
+            single_submit: knobs::DEFAULT_SINGLE_SUBMIT,
+            overlap_events: knobs::DEFAULT_OVERLAP_EVENTS,
+            intra_op_parallelism: knobs::DEFAULT_INTRA_OP_PARALLELISM,
             engine: None,
         }
     }
@@ -73,16 +72,18 @@ impl HandleConfig {
                 "block_size, queue_depth and intra_op_parallelism must be positive: {self:?}"
             )));
         }
-        if self.queue_depth > 32768 {
+        if self.queue_depth > knobs::MAX_QUEUE_DEPTH {
             return Err(Error::InvalidArgument(format!(
-                "queue_depth {} is above io_uring's limit of 32768",
-                self.queue_depth
+                "queue_depth {} is above io_uring's limit of {}",
+                self.queue_depth,
+                knobs::MAX_QUEUE_DEPTH
             )));
         }
-        if self.intra_op_parallelism > 1024 {
+        if self.intra_op_parallelism > knobs::MAX_INTRA_OP_PARALLELISM {
             return Err(Error::InvalidArgument(format!(
-                "intra_op_parallelism {} is more threads than is sensible (max 1024)",
-                self.intra_op_parallelism
+                "intra_op_parallelism {} is more threads than is sensible (max {})",
+                self.intra_op_parallelism,
+                knobs::MAX_INTRA_OP_PARALLELISM
             )));
         }
         Ok(())
@@ -90,7 +91,7 @@ impl HandleConfig {
 
     /// `get_alignment()`: `intra_op_parallelism * 512`, as DeepSpeed reports it.
     pub fn alignment(&self) -> usize {
-        self.intra_op_parallelism * O_DIRECT_ALIGNMENT
+        self.intra_op_parallelism * knobs::DEEPSPEED_ALIGNMENT_UNIT
     }
 
     pub fn transfer_knobs(&self) -> crate::engine::Knobs {

@@ -131,7 +131,15 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::File { source, .. } | Error::Alloc { source, .. } => Some(source),
+            Error::Many { first, .. } => Some(first.as_ref()),
+            _ => None,
+        }
+    }
+}
 
 impl From<TransferError> for Error {
     fn from(t: TransferError) -> Self {
@@ -146,6 +154,26 @@ pub fn errno_text(errno: i32) -> String {
     match text.rfind(" (os error ") {
         Some(i) => text[..i].to_string(),
         None => text,
+    }
+}
+
+/// The text of a caught panic's payload (`panic!("...")` carries a `&str`
+/// or a `String`).
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
+}
+
+/// Runs `f`, turning a panic into `Error::Engine("internal error in
+/// {what}: ...")`: nothing may unwind into C++ or Python.
+#[cfg_attr(not(feature = "ffi"), allow(dead_code))]
+pub(crate) fn catch_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => Err(Error::Engine(format!("internal error in {what}: {}", panic_text(&*payload)))),
     }
 }
 

@@ -28,7 +28,10 @@ pub struct DioAlignment {
 
 /// Used when the kernel does not report `STATX_DIOALIGN`: 4 KiB satisfies
 /// every common logical block size (512 and 4096).
-pub const CONSERVATIVE_DIO_ALIGNMENT: DioAlignment = DioAlignment { offset: 4096, memory: 4096 };
+pub const CONSERVATIVE_DIO_ALIGNMENT: DioAlignment = DioAlignment {
+    offset: crate::knobs::CONSERVATIVE_DIO_ALIGNMENT,
+    memory: crate::knobs::CONSERVATIVE_DIO_ALIGNMENT,
+};
 
 /// Where an op's bytes go.
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +40,37 @@ pub enum FileTarget<'a> {
     Path(&'a Path),
     /// A descriptor the caller owns; the op never closes it.
     Fd(RawFd),
+}
+
+impl std::fmt::Display for FileTarget<'_> {
+    /// The path, or "fd N": how every message names an op's target.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FileTarget::Path(p) => write!(f, "{}", p.display()),
+            FileTarget::Fd(fd) => write!(f, "fd {fd}"),
+        }
+    }
+}
+
+/// A descriptor's status flags (`fcntl(F_GETFL)`): access mode, O_DIRECT,
+/// O_APPEND. Fails with EBADF for a descriptor that is not open.
+pub(crate) fn fd_flags(fd: RawFd) -> io::Result<libc::c_int> {
+    // SAFETY: F_GETFL only reads the descriptor's flags.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(flags)
+    }
+}
+
+/// Whether a descriptor with status `flags` may move bytes in `direction`.
+pub(crate) fn access_allows(flags: libc::c_int, direction: Direction) -> bool {
+    let access = flags & libc::O_ACCMODE;
+    match direction {
+        Direction::Read => access == libc::O_RDONLY || access == libc::O_RDWR,
+        Direction::Write => access == libc::O_WRONLY || access == libc::O_RDWR,
+    }
 }
 
 /// The descriptors of one op.
@@ -53,7 +87,6 @@ pub struct OpenFile {
     /// Descriptors this op opened, closed on drop.
     owned: Vec<RawFd>,
     dio: Option<DioAlignment>,
-    direction: Direction,
     /// Access mode (`O_RDONLY`/`O_WRONLY`/`O_RDWR`) for the buffered twin.
     /// For a caller's descriptor it is that descriptor's own mode: the twin
     /// must never grant what the caller's fd does not (a write through a
@@ -135,7 +168,7 @@ impl OpenFile {
     pub fn open(target: FileTarget<'_>, direction: Direction) -> Result<OpenFile> {
         match target {
             FileTarget::Path(path) => Self::open_path(path, direction),
-            FileTarget::Fd(fd) => Self::from_caller_fd(fd, direction),
+            FileTarget::Fd(fd) => Self::from_caller_fd(fd),
         }
     }
 
@@ -161,7 +194,6 @@ impl OpenFile {
                     origin_fd: fd,
                     owned: vec![fd],
                     dio,
-                    direction,
                     twin_access: base & libc::O_ACCMODE,
                 })
             }
@@ -184,7 +216,6 @@ impl OpenFile {
                     origin_fd: fd,
                     owned: vec![fd],
                     dio: None,
-                    direction,
                     twin_access: base & libc::O_ACCMODE,
                 })
             }
@@ -192,16 +223,12 @@ impl OpenFile {
         }
     }
 
-    fn from_caller_fd(fd: RawFd, direction: Direction) -> Result<OpenFile> {
-        // SAFETY: F_GETFL only reads the descriptor's flags.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 {
-            return Err(Error::File {
-                path: PathBuf::from(format!("<fd {fd}>")),
-                action: "inspecting caller descriptor",
-                source: io::Error::last_os_error(),
-            });
-        }
+    fn from_caller_fd(fd: RawFd) -> Result<OpenFile> {
+        let flags = fd_flags(fd).map_err(|source| Error::File {
+            path: PathBuf::from(format!("<fd {fd}>")),
+            action: "inspecting caller descriptor",
+            source,
+        })?;
         let (direct_fd, buffered_fd, dio) = if flags & libc::O_DIRECT != 0 {
             match dio_alignment(fd) {
                 Some(a) => (Some(fd), None, Some(a)),
@@ -217,7 +244,6 @@ impl OpenFile {
             origin_fd: fd,
             owned: Vec::new(),
             dio,
-            direction,
             twin_access: flags & libc::O_ACCMODE,
         })
     }
@@ -267,11 +293,6 @@ impl OpenFile {
     /// The caller's descriptor, when the op was given one (not a path).
     pub fn caller_fd(&self) -> Option<RawFd> {
         self.path.is_none().then_some(self.origin_fd)
-    }
-
-    /// Which way this op moves bytes.
-    pub fn direction(&self) -> Direction {
-        self.direction
     }
 
     pub fn path(&self) -> Option<&Path> {

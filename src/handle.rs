@@ -24,45 +24,17 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::buffer::{BufferDesc, IoBuffer, Location, Staging};
 use crate::config::HandleConfig;
 use crate::engine::{self, Engine, EngineKind};
-use crate::error::{Direction, Error, Result};
+use crate::error::{panic_text, Direction, Error, Result};
 use crate::file::FileTarget;
-use crate::op::{BufferDesc, CpuOp, OpRequest};
+use crate::gds::{GdsDriver, GdsDriverGuard};
+use crate::knobs;
+use crate::op::checks::check_divisible;
+use crate::op::work::{OpCompletion, OpWork, PreparedOp};
+use crate::op::{CpuOp, OpRequest};
 use crate::pinned::PinnedMemoryManager;
-
-/// The part of an op that workers run, one slice per job. CPU ops cut their
-/// bytes into per-worker slices; a GPUDirect op is one slice that drives
-/// cuFile (which has its own threads).
-pub trait OpWork: Send + Sync {
-    fn slice_count(&self) -> usize;
-    /// Runs slice `index` on the worker's `engine`.
-    fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> Result<()>;
-    /// Describes slice `index` for an error when it could not be run at all.
-    fn slice_error(&self, index: usize, detail: String) -> Error;
-}
-
-/// How an op completes in `wait()` once all its slices ran: report the
-/// first slice error, or validate and copy a bounced read back. Dropping it
-/// releases the op's files and buffers.
-pub trait OpCompletion: Send {
-    /// Called once. The completion is dropped afterwards, outside the
-    /// handle's locks: dropping it may release a torch tensor, which can
-    /// take the GIL.
-    fn finish(&mut self, outcome: Result<()>) -> Result<()>;
-}
-
-/// An op ready to be dispatched.
-pub struct PreparedOp {
-    pub work: Arc<dyn OpWork>,
-    pub completion: Box<dyn OpCompletion>,
-}
-
-impl From<CpuOp> for PreparedOp {
-    fn from(op: CpuOp) -> Self {
-        PreparedOp { work: op.plan().clone(), completion: Box::new(op) }
-    }
-}
 
 /// An op in flight: the work the workers read, and the completion latch.
 struct InFlight {
@@ -138,14 +110,6 @@ impl Drop for Job {
     }
 }
 
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_string())
-}
-
 struct Worker {
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
@@ -176,7 +140,45 @@ fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<Job>) 
     }
 }
 
-/// A DeepNVMe I/O handle.
+/// The GPUDirect half of a GDS handle.
+struct GdsHalf {
+    driver: Arc<GdsDriverGuard>,
+    /// DeepSpeed's intra_op_parallelism, applied to cuFile transfers.
+    parallelism: usize,
+    block_size: usize,
+}
+
+/// What a handle does with CUDA buffers.
+enum DeviceRoute {
+    /// An aio handle: CUDA buffers bounce through host memory.
+    Bounce,
+    /// A GDS handle: contiguous CUDA buffers go through cuFile.
+    Gds(GdsHalf),
+    /// A GDS handle made without GPUDirect Storage ([`knobs::GDS_CPU_ONLY_ENV`]):
+    /// CUDA buffers are refused, naming why GDS is unavailable.
+    GdsUnavailable(String),
+}
+
+/// A DeepNVMe I/O handle: `deepspeed_io_handle_t`, or with
+/// [`IoHandle::new_gds`], `deepspeed_gds_handle_t`.
+///
+/// ```
+/// use deepnvme::{FileTarget, HandleConfig, IoHandle};
+///
+/// let dir = std::env::temp_dir().join(format!("deepnvme-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let path = dir.join("handle.bin");
+/// let handle = IoHandle::new(HandleConfig { intra_op_parallelism: 2, ..HandleConfig::default() })?;
+///
+/// let data: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
+/// assert_eq!(handle.write_from(&data, FileTarget::Path(&path), 0)?, 1); // one op finished
+///
+/// let mut back = vec![0u8; data.len()];
+/// handle.read_into(&mut back, FileTarget::Path(&path), 0)?;
+/// assert_eq!(back, data);
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct IoHandle {
     config: HandleConfig,
     engine_kind: EngineKind,
@@ -187,19 +189,124 @@ pub struct IoHandle {
     /// Engine for `read`/`write`, which run on the calling thread.
     inline_engine: Mutex<Option<Box<dyn Engine>>>,
     manager: &'static PinnedMemoryManager,
+    device_route: DeviceRoute,
+}
+
+/// An async op's buffer, handed back once the op is finished.
+///
+/// ```
+/// use deepnvme::{FileTarget, IoHandle, HandleConfig, LockedBuffer};
+///
+/// # let dir = std::env::temp_dir().join(format!("deepnvme-doc-pending-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// # let path = dir.join("pending.bin");
+/// let handle = IoHandle::new(HandleConfig::default())?;
+/// let mut buf = LockedBuffer::new(1 << 20)?;   // page-locked: no bounce copy
+/// buf.fill(7);
+/// let pending = handle.submit_write(buf, FileTarget::Path(&path), 0)?;
+/// assert!(pending.take().is_none());            // in flight: the op owns it
+/// assert_eq!(handle.wait()?, 1);
+/// let buf = pending.take().expect("finished ops give their buffer back");
+/// assert_eq!(buf[0], 7);
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Pending<B> {
+    slot: Arc<Mutex<Option<B>>>,
+}
+
+impl<B> Pending<B> {
+    /// The buffer, once `wait()` (or dropping the handle) finished its op;
+    /// `None` before that, or when it was already taken.
+    pub fn take(&self) -> Option<B> {
+        self.slot.lock().take()
+    }
+}
+
+/// The op's hold on an owned buffer: copies for a bounce, and on drop (when
+/// the op is finished) hands the buffer to its [`Pending`].
+struct OwnedStaging<B: IoBuffer> {
+    buffer: Option<B>,
+    desc: BufferDesc,
+    slot: Arc<Mutex<Option<B>>>,
+}
+
+impl<B: IoBuffer> Staging for OwnedStaging<B> {
+    fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> Result<()> {
+        let n = self.desc.len().min(bounce.len());
+        // SAFETY: the op owns the buffer, whose memory `desc` describes.
+        unsafe { std::ptr::copy_nonoverlapping(self.desc.ptr(), bounce.as_mut_ptr(), n) };
+        Ok(())
+    }
+    fn copy_from_bounce(&mut self, bounce: &[u8]) -> Result<()> {
+        let n = self.desc.len().min(bounce.len());
+        // SAFETY: as above; nothing else can reach the buffer now.
+        unsafe { std::ptr::copy_nonoverlapping(bounce.as_ptr(), self.desc.ptr(), n) };
+        Ok(())
+    }
+}
+
+impl<B: IoBuffer> Drop for OwnedStaging<B> {
+    fn drop(&mut self) {
+        *self.slot.lock() = self.buffer.take();
+    }
+}
+
+fn resolve_engine(config: &HandleConfig) -> Result<EngineKind> {
+    match config.engine {
+        Some(EngineKind::Uring) => {
+            engine::io_uring_status().map_err(|why| Error::Engine(format!("io_uring is unavailable: {why}")))?;
+            Ok(EngineKind::Uring)
+        }
+        Some(k) => Ok(k),
+        None => engine::default_kind(),
+    }
 }
 
 impl IoHandle {
+    /// An aio handle: `intra_op_parallelism` workers, each with its engine.
     pub fn new(config: HandleConfig) -> Result<IoHandle> {
+        Self::build(config, DeviceRoute::Bounce)
+    }
+
+    /// A GDS handle (`deepspeed_gds_handle_t`): contiguous CUDA buffers go
+    /// through cuFile with `intra_op_parallelism` threads; everything else
+    /// takes the CPU path on one worker, as in DeepSpeed. Without GPUDirect
+    /// Storage this fails naming what is missing, unless
+    /// [`knobs::GDS_CPU_ONLY_ENV`]`=1`, which makes a handle that serves
+    /// CPU buffers only. May block (cuFile driver open).
+    pub fn new_gds(config: HandleConfig) -> Result<IoHandle> {
         config.validate()?;
-        let engine_kind = match config.engine {
-            Some(EngineKind::Uring) => {
-                engine::io_uring_status().map_err(|why| Error::Engine(format!("io_uring is unavailable: {why}")))?;
-                EngineKind::Uring
+        let cpu_config = HandleConfig { intra_op_parallelism: 1, ..config.clone() };
+        if let Err(why) = crate::gds::probe() {
+            let why = why.to_string();
+            if !knobs::settings().gds_cpu_only {
+                return Err(crate::gds::unavailable(format!(
+                    "gds_handle cannot be created: {why} (set {}=1 for a handle that serves CPU tensors only)",
+                    knobs::GDS_CPU_ONLY_ENV
+                )));
             }
-            Some(k) => k,
-            None => engine::default_kind()?,
+            crate::log::info_once(
+                "gds-cpu-only",
+                &format!(
+                    "gds_handle without GPUDirect Storage ({why}); {}=1, so it serves CPU tensors only",
+                    knobs::GDS_CPU_ONLY_ENV
+                ),
+            );
+            return Self::build(cpu_config, DeviceRoute::GdsUnavailable(why));
+        }
+        let driver = GdsDriver::acquire(config.queue_depth, config.intra_op_parallelism, config.block_size)?;
+        let gds = GdsHalf {
+            driver: Arc::new(driver),
+            parallelism: config.intra_op_parallelism,
+            block_size: config.block_size,
         };
+        Self::build(cpu_config, DeviceRoute::Gds(gds))
+    }
+
+    fn build(config: HandleConfig, device_route: DeviceRoute) -> Result<IoHandle> {
+        config.validate()?;
+        let engine_kind = resolve_engine(&config)?;
         let mut workers = Vec::with_capacity(config.intra_op_parallelism);
         for index in 0..config.intra_op_parallelism {
             let (tx, rx) = mpsc::channel::<Job>();
@@ -218,22 +325,26 @@ impl IoHandle {
             serial: Mutex::new(()),
             inline_engine: Mutex::new(None),
             manager: PinnedMemoryManager::shared(),
+            device_route,
         })
     }
 
+    /// The knobs the CPU path runs with (a GDS handle's CPU path has one worker).
     pub fn config(&self) -> &HandleConfig {
         &self.config
     }
     pub fn engine_kind(&self) -> EngineKind {
         self.engine_kind
     }
+
+    /// The pinned-memory manager this handle recognises (the process's).
     pub fn manager(&self) -> &'static PinnedMemoryManager {
         self.manager
     }
 
     /// `handle.is_pinned(buffer)`: declared pinned, or inside a managed region.
-    pub fn is_pinned(&self, ptr: *const u8, len: usize, declared_pinned: bool) -> bool {
-        declared_pinned || self.manager.is_managed(ptr, len)
+    pub fn is_pinned(&self, buffer: &BufferDesc) -> bool {
+        buffer.is_host() && (buffer.is_declared_pinned() || self.manager.is_managed(buffer.ptr(), buffer.len()))
     }
 
     /// Number of ops submitted and not yet finished by `wait()`.
@@ -241,38 +352,39 @@ impl IoHandle {
         self.pending.lock().len()
     }
 
-    /// DeepSpeed requires a parallel op's bytes to divide evenly among the
-    /// workers (it returns -1 otherwise); kept for compatibility.
-    fn check_divisible(&self, request: &OpRequest<'_>) -> Result<()> {
-        let p = self.config.intra_op_parallelism;
-        if request.buffer.len % p != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "parallel {} of {} bytes at offset {} of {} is not divisible by intra_op_parallelism = {p}",
-                request.direction.verb(),
-                request.buffer.len,
-                request.file_offset,
-                match request.target {
-                    FileTarget::Path(path) => path.display().to_string(),
-                    FileTarget::Fd(fd) => format!("fd {fd}"),
-                }
-            )));
+    /// Builds the op for a request: contiguous CUDA buffers on a GDS handle
+    /// go through cuFile; everything else through the CPU path (bouncing
+    /// what cannot be used directly).
+    fn prepare(&self, request: OpRequest<'_>) -> Result<PreparedOp> {
+        match (&self.device_route, request.buffer.location()) {
+            (DeviceRoute::Gds(gds), Location::Cuda(_)) if request.buffer.is_contiguous() => {
+                crate::gds::op::prepare(&gds.driver, request, gds.parallelism, gds.block_size)
+            }
+            (DeviceRoute::GdsUnavailable(why), Location::Cuda(_)) => {
+                Err(crate::gds::unavailable(format!("this gds_handle has no GPUDirect Storage: {why}")))
+            }
+            _ => {
+                let parallelism = self.config.intra_op_parallelism;
+                let b = &request.buffer;
+                check_divisible(request.direction, b.len(), request.file_offset, &request.target, parallelism)?;
+                Ok(CpuOp::prepare(request, parallelism, self.config.transfer_knobs(), self.manager)?.into())
+            }
         }
-        Ok(())
     }
 
     /// `pread`/`pwrite`/`async_*`/`sync_*`: submits a parallel op. With
     /// `is_async` returns 0 at once; otherwise waits for every pending op and
-    /// returns how many finished.
+    /// returns how many finished. The buffer's [`BufferDesc`] contract holds
+    /// until the op is finished.
     pub fn submit(&self, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
-        self.check_divisible(&request)?;
-        let op = CpuOp::prepare(request, self.config.intra_op_parallelism, self.config.transfer_knobs(), self.manager)?;
-        self.submit_prepared(op.into(), is_async)
+        let op = self.prepare(request)?;
+        self.dispatch_prepared(op, is_async)
     }
 
-    /// Dispatches an op prepared elsewhere (a GPUDirect op): with `is_async`
-    /// returns 0 at once; otherwise waits for every pending op and returns
-    /// how many finished. Slice `i` runs on worker `i % workers`.
-    pub fn submit_prepared(&self, op: PreparedOp, is_async: bool) -> Result<usize> {
+    /// Dispatches a prepared op: with `is_async` returns 0 at once;
+    /// otherwise waits for every pending op and returns how many finished.
+    /// Slice `i` runs on worker `i % workers`.
+    pub(crate) fn dispatch_prepared(&self, op: PreparedOp, is_async: bool) -> Result<usize> {
         if is_async {
             // An async submit never waits behind another thread's blocking
             // call: DeepSpeed's bindings keep the GIL for async_*.
@@ -286,6 +398,71 @@ impl IoHandle {
         };
         drop(finished);
         result
+    }
+
+    /// `pread(buffer, target, file_offset, async)` with DeepSpeed's
+    /// meaning: a parallel read, async (returns 0) or blocking (returns the
+    /// ops finished). `buffer`'s contract ([`BufferDesc::from_raw_parts`])
+    /// holds until the op is finished.
+    pub fn pread(&self, buffer: BufferDesc, target: FileTarget<'_>, file_offset: i64, is_async: bool) -> Result<usize> {
+        self.submit(OpRequest::new(Direction::Read, target, file_offset, buffer), is_async)
+    }
+
+    /// `pwrite(buffer, target, file_offset, async)`: as [`IoHandle::pread`], writing.
+    pub fn pwrite(&self, buffer: BufferDesc, target: FileTarget<'_>, file_offset: i64, is_async: bool) -> Result<usize> {
+        self.submit(OpRequest::new(Direction::Write, target, file_offset, buffer), is_async)
+    }
+
+    /// A blocking parallel read of `buffer.len()` bytes at `file_offset`;
+    /// returns how many ops finished (this one and any earlier async ones).
+    pub fn read_into(&self, buffer: &mut [u8], target: FileTarget<'_>, file_offset: u64) -> Result<usize> {
+        // SAFETY: the borrow outlives this blocking call, which returns only
+        // after every pending op (this one included) has finished.
+        let desc = unsafe { BufferDesc::from_raw_parts(buffer.as_mut_ptr(), buffer.len()) };
+        self.submit(OpRequest::new(Direction::Read, target, offset_arg(file_offset)?, desc), false)
+    }
+
+    /// A blocking parallel write of `buffer` at `file_offset`; returns how
+    /// many ops finished (this one and any earlier async ones).
+    pub fn write_from(&self, buffer: &[u8], target: FileTarget<'_>, file_offset: u64) -> Result<usize> {
+        // SAFETY: as in `read_into`; a write only reads the memory.
+        let desc = unsafe { BufferDesc::from_raw_parts(buffer.as_ptr() as *mut u8, buffer.len()) };
+        self.submit(OpRequest::new(Direction::Write, target, offset_arg(file_offset)?, desc), false)
+    }
+
+    /// An async parallel read into `buffer`, which the op owns until `wait()`
+    /// finishes it; [`Pending::take`] then gives it back. On an error the
+    /// buffer is dropped.
+    pub fn submit_read<B: IoBuffer>(&self, buffer: B, target: FileTarget<'_>, file_offset: u64) -> Result<Pending<B>> {
+        self.submit_owned(Direction::Read, buffer, target, file_offset)
+    }
+
+    /// An async parallel write of `buffer` (owned by the op until `wait()`
+    /// finishes it, then given back by [`Pending::take`]).
+    pub fn submit_write<B: IoBuffer>(&self, buffer: B, target: FileTarget<'_>, file_offset: u64) -> Result<Pending<B>> {
+        self.submit_owned(Direction::Write, buffer, target, file_offset)
+    }
+
+    fn submit_owned<B: IoBuffer>(
+        &self,
+        direction: Direction,
+        mut buffer: B,
+        target: FileTarget<'_>,
+        file_offset: u64,
+    ) -> Result<Pending<B>> {
+        let desc = buffer.io_desc();
+        let slot = Arc::new(Mutex::new(None));
+        let hold = OwnedStaging { buffer: Some(buffer), desc, slot: slot.clone() };
+        let request = OpRequest {
+            direction,
+            target,
+            file_offset: offset_arg(file_offset)?,
+            buffer: desc,
+            staging: Some(Box::new(hold)),
+            validate: false,
+        };
+        self.submit(request, true)?;
+        Ok(Pending { slot })
     }
 
     fn dispatch(&self, op: PreparedOp) {
@@ -359,16 +536,14 @@ impl IoHandle {
         (result, finished)
     }
 
-    /// `read`/`write`: one synchronous, unsplit transfer on the calling thread.
+    /// `read`/`write`: one synchronous, unsplit transfer on the calling
+    /// thread (always through the CPU path, bouncing device memory).
     pub fn transfer_inline(&self, request: OpRequest<'_>) -> Result<()> {
-        let op = CpuOp::prepare(request, 1, self.config.transfer_knobs(), self.manager)?;
+        let mut op = CpuOp::prepare(request, 1, self.config.transfer_knobs(), self.manager)?;
         let plan = op.plan().clone();
         let outcome = {
             let mut slot = self.inline_engine.lock();
-            if slot.is_none() {
-                *slot = Some(worker_engine(self.engine_kind, self.config.queue_depth));
-            }
-            let engine = slot.as_mut().expect("inline engine");
+            let engine = slot.get_or_insert_with(|| worker_engine(self.engine_kind, self.config.queue_depth));
             let outcome = catch_unwind(AssertUnwindSafe(|| plan.run_slice(0, engine.as_mut()).map_err(Error::from)))
                 .unwrap_or_else(|p| Err(Error::Engine(format!("internal error (panic) in a transfer: {}", panic_text(&*p)))));
             if engine.is_broken() {
@@ -376,25 +551,47 @@ impl IoHandle {
             }
             outcome
         };
-        let mut op = op;
         op.finish(outcome)
     }
 
-    /// Convenience for Rust callers: a parallel read into `buffer`.
-    pub fn pread(&self, buffer: BufferDesc, target: FileTarget<'_>, file_offset: i64, is_async: bool) -> Result<usize> {
-        self.submit(
-            OpRequest { direction: Direction::Read, target, file_offset, buffer, staging: None, validate: false },
-            is_async,
-        )
+    /// GDS handles: registers a CUDA buffer with cuFile
+    /// (`pin_device_tensor`), so transfers into any part of it avoid
+    /// cuFile's bounce buffers. May block.
+    pub fn register_device_buffer(&self, buffer: &BufferDesc) -> Result<()> {
+        let gds = self.gds_half()?;
+        if !matches!(buffer.location(), Location::Cuda(_)) || buffer.ptr().is_null() {
+            return Err(Error::InvalidArgument("pin_device_tensor takes a CUDA tensor".into()));
+        }
+        gds.driver.register_device_buffer(buffer.ptr() as u64, buffer.len())
     }
 
-    /// Convenience for Rust callers: a parallel write from `buffer`.
-    pub fn pwrite(&self, buffer: BufferDesc, target: FileTarget<'_>, file_offset: i64, is_async: bool) -> Result<usize> {
-        self.submit(
-            OpRequest { direction: Direction::Write, target, file_offset, buffer, staging: None, validate: false },
-            is_async,
-        )
+    /// GDS handles: deregisters the region based at `base`
+    /// (`unpin_device_tensor`); `Ok(false)` when none was registered there.
+    pub fn deregister_device_buffer(&self, base: *const u8) -> Result<bool> {
+        let gds = self.gds_half()?;
+        if base.is_null() {
+            return Ok(false);
+        }
+        gds.driver.deregister_device_buffer(base as u64)
     }
+
+    fn gds_half(&self) -> Result<&GdsHalf> {
+        match &self.device_route {
+            DeviceRoute::Gds(g) => Ok(g),
+            DeviceRoute::GdsUnavailable(why) => {
+                Err(crate::gds::unavailable(format!("this gds_handle has no GPUDirect Storage: {why}")))
+            }
+            DeviceRoute::Bounce => {
+                Err(crate::gds::unavailable("device tensors can only be registered through a gds_handle".into()))
+            }
+        }
+    }
+}
+
+/// File offsets are `i64` in DeepSpeed's API; the safe calls take `u64`.
+fn offset_arg(file_offset: u64) -> Result<i64> {
+    i64::try_from(file_offset)
+        .map_err(|_| Error::InvalidArgument(format!("file_offset {file_offset} is beyond the largest file offset")))
 }
 
 impl Drop for IoHandle {

@@ -1,34 +1,77 @@
 //! deepnvme: the core of DeepSpeed's DeepNVMe ops (`async_io`, `gds`,
-//! `pin_memory`) in Rust.
+//! `pin_memory`) in Rust, with no torch and no Python.
+//!
+//! ```
+//! use deepnvme::{FileTarget, HandleConfig, IoHandle, LockedBuffer};
+//!
+//! let dir = std::env::temp_dir().join(format!("deepnvme-doc-lib-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! let path = dir.join("swap.bin");
+//!
+//! // DeepSpeed's aio_handle(block_size=1 MiB, queue_depth=32, ..., intra_op_parallelism=2).
+//! let handle = IoHandle::new(HandleConfig {
+//!     block_size: 1 << 20,
+//!     queue_depth: 32,
+//!     intra_op_parallelism: 2,
+//!     ..HandleConfig::default()
+//! })?;
+//!
+//! // Page-locked memory goes straight to the disk (O_DIRECT, io_uring).
+//! let mut buf = LockedBuffer::new(4 << 20)?;
+//! buf.fill(42);
+//! let pending = handle.submit_write(buf, FileTarget::Path(&path), 0)?;
+//! assert_eq!(handle.wait()?, 1);
+//! let mut buf = pending.take().unwrap();
+//!
+//! // A blocking read into any borrowed memory (it bounces when not locked).
+//! let mut back = vec![0u8; 4 << 20];
+//! handle.read_into(&mut back, FileTarget::Path(&path), 0)?;
+//! assert!(back.iter().all(|&b| b == 42));
+//! buf.fill(0);
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! What each module owns:
+//! * [`knobs`]: every default, limit and environment variable, in one place.
+//! * `buffer`: the caller's memory ([`BufferDesc`], built only through an
+//!   `unsafe` constructor that states its contract), [`Staging`] copiers,
+//!   and [`IoBuffer`] for memory an async op owns.
 //! * [`pinned`]: the process-wide page-locked memory manager
-//!   (`deepspeed_pin_tensor_t::shared()`), with O(log n) range recognition.
-//! * [`engine`]: the transfer engines (io_uring, and a pread/pwrite thread
-//!   fallback) that move block-sized pieces with a bounded queue depth.
-//! * [`file`]: opening files as DeepSpeed does (O_DIRECT, no truncation),
-//!   and learning their O_DIRECT alignment.
-//! * [`op`]: one transfer (`cpu_op_desc_t`): bounce decision, slicing, the
-//!   O_DIRECT edge split, validation and finishing.
-//! * [`handle`]: the handle (`deepspeed_io_handle_t`) and its workers.
-//! * [`config`]: the handle's knobs.
-//! * [`gds`]: GPUDirect Storage through cuFile, loaded at run time by cudarc.
-//! * [`error`], [`log`]: errors that name file, offset and errno; stderr lines.
-//! * [`json`]: the JSON string escaper for the cuFile config and the CLI.
-//! * `ffi` (feature `ffi`): the one cxx bridge to the C++ shims in `cpp/`.
-//! * `python` (feature `python`): the pyo3 front end `deepnvme._native`.
-//!
-//! Nothing here needs torch or Python; the torch glue lives in `cpp/`.
+//!   (`deepspeed_pin_tensor_t::shared()`), O(log n) range recognition, and
+//!   owned [`LockedBuffer`]s.
+//! * `engine`: the transfer engines (io_uring, and pread/pwrite threads).
+//! * `file`: opening files as DeepSpeed does (O_DIRECT, no truncation) and
+//!   their O_DIRECT alignment.
+//! * `op`: one transfer (`cpu_op_desc_t`): `op/mod.rs` the bounce decision
+//!   and lifecycle, `op/plan.rs` slice geometry, `op/checks.rs` checks and
+//!   validation, `op/work.rs` the shape the handle runs.
+//! * `handle`: [`IoHandle`] (`deepspeed_io_handle_t` / `deepspeed_gds_handle_t`):
+//!   workers, queue, `wait()`, and the GDS routing of CUDA buffers.
+//! * `config`: [`HandleConfig`], a handle's knobs.
+//! * [`gds`]: GPUDirect Storage through cuFile, loaded at run time.
+//! * [`deepspeed`]: DeepSpeed's API semantics that every front end shares
+//!   (return codes, the write warning, the elapsed-time line, one-shot
+//!   transfers, `deepspeed_memcpy`).
+//! * `error`, `log`, `json`: errors that name file, offset and errno; stderr
+//!   lines that never panic; the JSON escaper for the cuFile config.
+//! * `ffi` (feature `ffi`): the one cxx bridge to the C++ shims in `cpp/`:
+//!   conversion and error mapping only.
+//! * `python` (feature `python`): the pyo3 module `deepnvme._native`.
 
-pub mod config;
-pub mod engine;
-pub mod error;
-pub mod file;
+mod buffer;
+mod config;
+mod engine;
+mod error;
+mod file;
+mod handle;
+mod json;
+mod log;
+mod op;
+
+pub mod deepspeed;
 pub mod gds;
-pub mod handle;
-pub mod json;
-pub mod log;
-pub mod op;
+pub mod knobs;
 pub mod pinned;
 
 #[cfg(feature = "ffi")]
@@ -36,10 +79,17 @@ pub mod ffi;
 #[cfg(feature = "python")]
 pub mod python;
 
+pub use buffer::{BufferDesc, IoBuffer, Location, Staging};
 pub use config::HandleConfig;
-pub use engine::{EngineKind, Knobs};
-pub use error::{Direction, Error, Result, TransferError};
-pub use file::FileTarget;
-pub use handle::IoHandle;
-pub use op::{BufferDesc, OpRequest, Staging};
-pub use pinned::PinnedMemoryManager;
+pub use engine::{default_kind as default_engine, io_uring_status, EngineKind};
+pub use error::{errno_text, Direction, Error, Result, TransferError};
+pub use file::{dio_alignment, DioAlignment, FileTarget};
+pub use handle::{IoHandle, Pending};
+pub use op::OpRequest;
+pub use pinned::{LockedBuffer, PinnedMemoryManager};
+
+// The internal tests share tests/common, which names the crate `deepnvme`.
+#[cfg(test)]
+extern crate self as deepnvme;
+#[cfg(test)]
+mod internal_tests;

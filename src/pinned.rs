@@ -244,3 +244,60 @@ impl Drop for PinnedMemoryManager {
         self.regions.get_mut().clear();
     }
 }
+
+/// Page-locked memory from the process-wide manager, owned: freed when
+/// dropped. Recognised as pinned by every handle, so I/O goes straight to
+/// it; it can be moved into an async op ([`crate::IoHandle::submit_read`]).
+pub struct LockedBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain memory owned by this value.
+unsafe impl Send for LockedBuffer {}
+unsafe impl Sync for LockedBuffer {}
+
+impl LockedBuffer {
+    /// `len` zeroed bytes of page-aligned, locked memory. Fails (naming the
+    /// size and RLIMIT_MEMLOCK) when the memory cannot be locked.
+    pub fn new(len: usize) -> Result<LockedBuffer> {
+        let ptr = PinnedMemoryManager::shared().alloc(len)?;
+        Ok(LockedBuffer { ptr, len })
+    }
+}
+
+impl std::ops::Deref for LockedBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `len` bytes mapped at `ptr` and owned by self (mmap zeroes them).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for LockedBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for LockedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockedBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
+    }
+}
+
+impl Drop for LockedBuffer {
+    fn drop(&mut self) {
+        PinnedMemoryManager::shared().free(self.ptr.as_ptr());
+    }
+}
+
+// SAFETY: the mapping does not move when the LockedBuffer does, and lives
+// until it is dropped.
+unsafe impl crate::buffer::IoBuffer for LockedBuffer {
+    fn io_desc(&mut self) -> crate::BufferDesc {
+        // SAFETY: the op owns this buffer until it finishes.
+        unsafe { crate::BufferDesc::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use common::*;
 use deepnvme::pinned::{page_size, PinnedMemoryManager};
-use deepnvme::{Error, HandleConfig, IoHandle};
+use deepnvme::{BufferDesc, Error, HandleConfig, IoHandle};
 
 static VMLCK: Mutex<()> = Mutex::new(());
 
@@ -320,14 +320,14 @@ fn shared_manager_is_one_per_process_and_backs_is_pinned() {
     assert!(b.is_managed(p, n));
     let h = IoHandle::new(HandleConfig { engine: Some(deepnvme::EngineKind::Psync), ..HandleConfig::default() }).unwrap();
     assert!(std::ptr::eq(h.manager(), a), "handles use the shared manager");
-    assert!(h.is_pinned(p, n, false));
-    assert!(h.is_pinned(unsafe { p.add(3) }, 100, false), "narrow");
-    assert!(!h.is_pinned(p, n + 1, false), "overrun");
+    assert!(h.is_pinned(&unsafe { BufferDesc::from_raw_parts(p, n) }.pinned(false)));
+    assert!(h.is_pinned(&unsafe { BufferDesc::from_raw_parts(p.add(3), 100) }.pinned(false)), "narrow");
+    assert!(!h.is_pinned(&unsafe { BufferDesc::from_raw_parts(p, n + 1) }.pinned(false)), "overrun");
     let heap = [0u8; 64];
-    assert!(!h.is_pinned(heap.as_ptr(), 64, false));
-    assert!(h.is_pinned(heap.as_ptr(), 64, true), "declared pinned (torch-pinned) counts");
+    assert!(!h.is_pinned(&unsafe { BufferDesc::from_raw_parts(heap.as_ptr() as *mut u8, 64) }.pinned(false)));
+    assert!(h.is_pinned(&unsafe { BufferDesc::from_raw_parts(heap.as_ptr() as *mut u8, 64) }.pinned(true)), "declared pinned (torch-pinned) counts");
     assert!(a.free(p));
-    assert!(!h.is_pinned(p, n, false));
+    assert!(!h.is_pinned(&unsafe { BufferDesc::from_raw_parts(p, n) }.pinned(false)));
     assert_eq!(vm_locked_bytes(), before);
 }
 

@@ -9,7 +9,6 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use deepnvme::op::is_direct_capable;
 use deepnvme::{BufferDesc, FileTarget, IoHandle, PinnedMemoryManager};
 
 const THREADS: usize = 8;
@@ -50,7 +49,7 @@ impl Buf {
     }
     fn desc(&mut self) -> BufferDesc {
         let b = self.bytes();
-        BufferDesc::host(b.as_mut_ptr(), b.len())
+        unsafe { BufferDesc::from_raw_parts(b.as_mut_ptr(), b.len()) }
     }
 }
 
@@ -223,7 +222,7 @@ fn pinned_memory_is_shared_across_handles_and_threads() {
     let len = THREADS * 64 * 1024;
     let base = h1.manager().alloc(len).unwrap().as_ptr();
     assert!(std::ptr::eq(h1.manager(), h2.manager()));
-    assert!(h2.is_pinned(base, len, false));
+    assert!(h2.is_pinned(&unsafe { BufferDesc::from_raw_parts(base, len) }));
     let dir = TempDir::new("cross");
     std::thread::scope(|s| {
         for t in 0..THREADS {
@@ -231,8 +230,8 @@ fn pinned_memory_is_shared_across_handles_and_threads() {
             let base = base as usize;
             s.spawn(move || {
                 let mine = (base + t * 64 * 1024) as *mut u8;
-                let buf = BufferDesc::host(mine, 64 * 1024);
-                assert!(is_direct_capable(&buf, m), "a narrow of a shared region goes direct");
+                let buf = unsafe { BufferDesc::from_raw_parts(mine, 64 * 1024) };
+                assert!(h1.is_pinned(&buf), "a narrow of a shared region goes direct");
                 let data = pattern(t as u64 + 77, 64 * 1024);
                 unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), mine, data.len()) };
                 let path = dir.file(&format!("x{t}.bin"));
@@ -249,7 +248,8 @@ fn pinned_memory_is_shared_across_handles_and_threads() {
     });
     // Freed through the other handle's manager: no longer pinned for either.
     assert!(h2.manager().free(base));
-    assert!(!h1.is_pinned(base, len, false) && !h2.is_pinned(base, 1, false));
+    assert!(!h1.is_pinned(&unsafe { BufferDesc::from_raw_parts(base, len) })
+        && !h2.is_pinned(&unsafe { BufferDesc::from_raw_parts(base, 1) }));
     assert!(!m.is_managed(base, 1));
 }
 

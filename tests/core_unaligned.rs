@@ -7,9 +7,7 @@
 mod common;
 
 use common::*;
-use deepnvme::engine::Knobs;
-use deepnvme::op::{is_direct_capable, CpuOp};
-use deepnvme::{BufferDesc, Direction, EngineKind, Error, FileTarget, IoHandle, OpRequest, PinnedMemoryManager, Staging};
+use deepnvme::{BufferDesc, Direction, EngineKind, Error, FileTarget, IoHandle, Location, OpRequest, Staging};
 
 const LENS: [usize; 8] = [0, 1, 511, 513, 1000, 4095, 4097, (1 << 20) + 3];
 const OFFSETS: [usize; 4] = [0, 1, 511, 4097];
@@ -52,7 +50,7 @@ impl Mem {
         match self {
             Mem::Pinned(p) => p.desc(),
             Mem::Narrow(p, s) => p.narrow(*s, len),
-            Mem::Heap(v) => BufferDesc::host(unsafe { v.as_mut_ptr().add(GUARD_LEN) }, len),
+            Mem::Heap(v) => unsafe { BufferDesc::from_raw_parts(v.as_mut_ptr().add(GUARD_LEN), len) },
         }
     }
     fn bytes(&mut self, len: usize) -> &mut [u8] {
@@ -156,58 +154,6 @@ fn unaligned_parallel_ops_are_exact() {
     }
 }
 
-#[test]
-fn pinned_memory_goes_direct_and_heap_memory_bounces() {
-    let dir = TempDir::new("bounce");
-    let path = dir.file("f.bin");
-    write_file(&path, &pattern(1, 1 << 16));
-    let m = PinnedMemoryManager::shared();
-    let knobs = Knobs { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
-    let p = Pinned::new(1 << 16);
-    let mut v = vec![0u8; 1 << 16];
-
-    let cases: Vec<(BufferDesc, bool, &str)> = vec![
-        (p.desc(), true, "whole pinned region"),
-        (p.narrow(1, 1000), true, "narrow at +1"),
-        (p.narrow(4096, 4096), true, "page view"),
-        (BufferDesc::host(p.ptr(), (1 << 16) + 1), false, "running past the region"),
-        (heap_desc(&mut v), false, "heap"),
-        (BufferDesc { pinned: true, ..heap_desc(&mut v) }, true, "heap declared pinned (torch-pinned)"),
-        (BufferDesc { contiguous: false, ..p.desc() }, false, "non-contiguous pinned"),
-        (BufferDesc { is_host: false, ..p.desc() }, false, "device memory"),
-    ];
-    for (buf, direct, what) in cases {
-        assert_eq!(is_direct_capable(&buf, m), direct, "{what}");
-        if !(buf.is_host && buf.contiguous) || buf.len > 1 << 16 {
-            continue;
-        }
-        for direction in [Direction::Read, Direction::Write] {
-            let op = CpuOp::prepare(request(direction, FileTarget::Path(&path), 0, buf), 1, knobs, m).unwrap();
-            assert_eq!(op.is_direct(), direct, "{what} {direction:?}");
-            drop(op);
-        }
-    }
-    // Non-contiguous or device memory without a copier is refused, not guessed at.
-    for buf in [BufferDesc { contiguous: false, ..p.desc() }, BufferDesc { is_host: false, ..p.desc() }] {
-        let e = CpuOp::prepare(request(Direction::Write, FileTarget::Path(&path), 0, buf), 1, knobs, m).err().unwrap();
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-    }
-    // A bounced write leaves the caller's memory alone; a bounced read
-    // copies back in wait() only.
-    for engine in engines() {
-        let h = handle(engine);
-        let data = pattern(77, 100_003);
-        let mut src = data.clone();
-        h.pwrite(heap_desc(&mut src), FileTarget::Path(&path), 5, true).unwrap();
-        src.fill(0); // the bounce copy was taken at submission
-        assert_eq!(h.wait().unwrap(), 1);
-        assert_bytes_eq(&read_file(&path)[5..5 + data.len()], &data, &format!("{engine:?} bounced write"));
-        let mut dst = vec![0u8; data.len()];
-        h.pread(heap_desc(&mut dst), FileTarget::Path(&path), 5, false).unwrap();
-        assert_bytes_eq(&dst, &data, &format!("{engine:?} bounced read"));
-    }
-}
-
 /// A strided "tensor": every other byte of `store`, copied by a caller-supplied
 /// Staging (the torch glue does this for non-contiguous and device tensors).
 struct EveryOther {
@@ -246,7 +192,8 @@ fn strided_and_device_buffers_bounce_through_their_copier() {
                 *b = if i % 2 == 0 { data[i / 2] } else { 0xCC };
             }
             let sp = store.ptr();
-            let buf = BufferDesc { ptr: sp, len, is_host, contiguous: false, pinned: true };
+            let location = if is_host { Location::Host } else { Location::OtherDevice };
+            let buf = unsafe { BufferDesc::from_raw_parts(sp, len) }.located(location).contiguous(false).pinned(true);
             let req = |direction| OpRequest {
                 direction,
                 target: FileTarget::Path(&path),

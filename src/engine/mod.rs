@@ -20,6 +20,7 @@ use std::os::fd::RawFd;
 use std::sync::OnceLock;
 
 use crate::error::{Direction, Error, Result, TransferError};
+use crate::knobs::{self, EngineChoice};
 
 /// One contiguous range to move. The memory must stay valid, and must not be
 /// touched by anyone else, until the engine's `run` returns.
@@ -144,17 +145,19 @@ impl EngineKind {
             EngineKind::Psync => "psync",
         }
     }
+    /// `uring`/`io_uring` or `psync`, as [`knobs::ENGINE_ENV`] takes them.
     pub fn parse(s: &str) -> Option<EngineKind> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "uring" | "io_uring" | "iouring" => Some(EngineKind::Uring),
-            "psync" | "pread" | "threads" => Some(EngineKind::Psync),
-            _ => None,
+        match knobs::parse_engine(s)? {
+            EngineChoice::Uring => Some(EngineKind::Uring),
+            EngineChoice::Psync => Some(EngineKind::Psync),
+            EngineChoice::Auto => None,
         }
     }
 }
 
 /// Moves bytes. One engine belongs to one thread at a time.
 pub trait Engine: Send {
+    #[cfg_attr(not(test), allow(dead_code))] // the engine tests check which one they got
     fn kind(&self) -> EngineKind;
     /// Moves every segment; returns only when nothing is in flight.
     fn run(&mut self, direction: Direction, segments: &[Segment], knobs: &Knobs) -> std::result::Result<(), TransferError>;
@@ -185,19 +188,17 @@ pub fn io_uring_status() -> std::result::Result<(), String> {
 pub fn default_kind() -> Result<EngineKind> {
     static CHOICE: OnceLock<std::result::Result<EngineKind, String>> = OnceLock::new();
     CHOICE
-        .get_or_init(|| match std::env::var("DEEPNVME_ENGINE") {
-            Ok(v) if !v.trim().is_empty() => match EngineKind::parse(&v) {
-                Some(EngineKind::Uring) => match io_uring_status() {
-                    Ok(()) => Ok(EngineKind::Uring),
-                    Err(why) => Err(format!("DEEPNVME_ENGINE=uring but io_uring is unavailable: {why}")),
-                },
-                Some(EngineKind::Psync) => {
-                    crate::log::info_once("engine", "using the psync engine (DEEPNVME_ENGINE=psync)");
-                    Ok(EngineKind::Psync)
-                }
-                None => Err(format!("DEEPNVME_ENGINE={v:?} is not one of uring, psync")),
+        .get_or_init(|| match &knobs::settings().engine {
+            Ok(EngineChoice::Uring) => match io_uring_status() {
+                Ok(()) => Ok(EngineKind::Uring),
+                Err(why) => Err(format!("{}=uring but io_uring is unavailable: {why}", knobs::ENGINE_ENV)),
             },
-            _ => match io_uring_status() {
+            Ok(EngineChoice::Psync) => {
+                crate::log::info_once("engine", &format!("using the psync engine ({}=psync)", knobs::ENGINE_ENV));
+                Ok(EngineKind::Psync)
+            }
+            Err(v) => Err(format!("{}={v:?} is not one of uring, psync", knobs::ENGINE_ENV)),
+            Ok(EngineChoice::Auto) => match io_uring_status() {
                 Ok(()) => Ok(EngineKind::Uring),
                 Err(why) => {
                     crate::log::info_once(

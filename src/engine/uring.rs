@@ -61,7 +61,7 @@ pub(crate) fn probe() -> std::result::Result<(), String> {
 
 impl UringEngine {
     pub fn new(queue_depth: usize) -> Result<Self> {
-        let capacity = queue_depth.clamp(1, 32768);
+        let capacity = queue_depth.clamp(1, crate::knobs::MAX_QUEUE_DEPTH);
         // A completion queue twice the submission queue (the kernel default)
         // cannot overflow: at most `capacity` pieces are ever in flight.
         let ring = IoUring::new(capacity.next_power_of_two() as u32)

@@ -24,10 +24,8 @@ use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// The variable cuFile reads its config path from.
-pub const CUFILE_ENV_PATH_JSON: &str = "CUFILE_ENV_PATH_JSON";
-/// DeepSpeed's `min_io_threshold_size_kb`.
-pub const MIN_IO_THRESHOLD_SIZE_KB: usize = 8192;
+pub use crate::knobs::{CUFILE_ENV_PATH_JSON, GDS_MIN_IO_THRESHOLD_SIZE_KB as MIN_IO_THRESHOLD_SIZE_KB};
+use crate::knobs;
 
 /// The knobs the driver is opened with (those of the first handle).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +37,11 @@ pub struct DriverKnobs {
 
 impl DriverKnobs {
     /// DeepSpeed's handle defaults: queue depth 128, parallelism 1, 1 MiB blocks.
-    pub const DEFAULT: DriverKnobs = DriverKnobs { queue_depth: 128, intra_op_parallelism: 1, block_size: 1 << 20 };
+    pub const DEFAULT: DriverKnobs = DriverKnobs {
+        queue_depth: knobs::DEFAULT_QUEUE_DEPTH,
+        intra_op_parallelism: knobs::DEFAULT_INTRA_OP_PARALLELISM,
+        block_size: knobs::DEFAULT_BLOCK_SIZE,
+    };
 
     /// The max direct-I/O size given to cuFile, in KiB (block_size / 1024).
     pub fn max_direct_io_kb(&self) -> usize {
@@ -53,7 +55,7 @@ impl DriverKnobs {
         if self.intra_op_parallelism == 0 {
             return Err("intra_op_parallelism must be at least 1".into());
         }
-        if self.block_size < 1024 {
+        if self.block_size < knobs::GDS_MIN_BLOCK_SIZE {
             return Err(format!(
                 "block_size = {} is below 1 KiB; cuFile's max direct-I/O size is block_size / 1024 KiB",
                 self.block_size

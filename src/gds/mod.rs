@@ -35,7 +35,7 @@ mod probe;
 mod registry;
 mod transfer;
 
-pub mod op;
+pub(crate) mod op;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -52,17 +52,17 @@ use driver::{global, CoreGuard, CuFileOps, ProcessEnv};
 /// across the FFI boundary into C++ or Python).
 pub(crate) fn catch_panic_str<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
-        let what = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".to_string());
-        format!("internal error in deepnvme::gds (caught panic): {what}")
+        format!("internal error in deepnvme::gds (caught panic): {}", crate::error::panic_text(&*payload))
     })
 }
 
 fn catch<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     catch_panic_str(f).unwrap_or_else(|m| Err(Error::Gds(m)))
+}
+
+/// The error for a device request on a handle without GPUDirect Storage.
+pub(crate) fn unavailable(reason: String) -> Error {
+    Error::Gds(reason)
 }
 
 /// Adds cuFile's own explanation to a refused file registration: cuFile

@@ -13,24 +13,13 @@ use std::sync::Arc;
 
 use super::{GdsDriverGuard, GdsTransfer};
 use crate::engine::Engine;
+use crate::buffer::{Location, Staging};
 use crate::error::{Direction, Error, Result, TransferError};
-use crate::file::{FileTarget, OpenFile};
-use crate::handle::{OpCompletion, OpWork, PreparedOp};
-use crate::op::{check_file_offset, check_read_extent, report_validation, Staging};
+use crate::file::OpenFile;
+use crate::op::checks::{check_file_offset, check_read_extent, report_validation};
+use crate::op::work::{OpCompletion, OpWork, PreparedOp};
+use crate::op::OpRequest;
 use crate::pinned::{LockMode, PageAlignedBuffer};
-
-/// A request to move a contiguous device buffer with cuFile.
-pub struct GdsOpRequest<'a> {
-    pub direction: Direction,
-    pub target: FileTarget<'a>,
-    pub file_offset: i64,
-    pub device_ptr: u64,
-    pub len: usize,
-    pub device_ordinal: i32,
-    /// Copies device bytes to host for `validate` (torch glue).
-    pub staging: Option<Box<dyn Staging>>,
-    pub validate: bool,
-}
 
 struct GdsWork {
     driver: Arc<GdsDriverGuard>,
@@ -82,26 +71,31 @@ impl OpCompletion for GdsCompletion {
                     staging.copy_to_bounce(host.as_mut_slice())?;
                     report_validation(self.direction, &self.file, self.file_offset, host.as_slice());
                 }
-                None => println!(
+                None => crate::log::stdout_line(&format!(
                     "Fail: correctness of {} of {}: no way to read the device buffer back",
                     self.direction.verb(),
                     self.file.display_path().display()
-                ),
+                )),
             }
         }
         Ok(())
     }
 }
 
-/// Opens the file and builds the op; `parallelism` and `block_size` are
-/// what cuFile's transfer is cut by.
-pub fn prepare(
+/// Opens the file and builds the op for a contiguous CUDA buffer;
+/// `parallelism` and `block_size` are what cuFile's transfer is cut by.
+pub(crate) fn prepare(
     driver: &Arc<GdsDriverGuard>,
-    request: GdsOpRequest<'_>,
+    request: OpRequest<'_>,
     parallelism: usize,
     block_size: usize,
 ) -> Result<PreparedOp> {
-    let GdsOpRequest { direction, target, file_offset, device_ptr, len, device_ordinal, staging, validate } = request;
+    let OpRequest { direction, target, file_offset, buffer, staging, validate } = request;
+    let device_ordinal = match buffer.location() {
+        Location::Cuda(ordinal) => ordinal.max(0),
+        other => return Err(Error::InvalidArgument(format!("a GPUDirect op needs a CUDA buffer, not {other:?} memory"))),
+    };
+    let (device_ptr, len) = (buffer.ptr() as u64, buffer.len());
     let file_offset = check_file_offset(file_offset, &target)?;
     let file = OpenFile::open(target, direction)?;
     if direction == Direction::Read {

@@ -21,10 +21,7 @@ use std::sync::OnceLock;
 use super::api::{CuFileApi, CudaApi};
 use super::dl;
 
-/// Environment variable naming the libcufile to load (a path or a name).
-pub const CUFILE_LIB_ENV: &str = "DEEPNVME_CUFILE_LIB";
-/// Environment variable naming the libcuda to load (a path or a name).
-pub const CUDA_LIB_ENV: &str = "DEEPNVME_CUDA_LIB";
+pub use crate::knobs::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
 
 /// The names tried for each library, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,12 +46,12 @@ impl LibSearch {
     /// The search this process uses: the environment overrides, else the
     /// default lists (see the module documentation).
     pub fn from_env() -> LibSearch {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let (cufile, cufile_origin) = match var(CUFILE_LIB_ENV) {
+        let settings = crate::knobs::Settings::from_env();
+        let (cufile, cufile_origin) = match settings.cufile_lib {
             Some(v) => (vec![v], CUFILE_LIB_ENV),
             None => (Self::default_cufile_names(), "default"),
         };
-        let (cuda, cuda_origin) = match var(CUDA_LIB_ENV) {
+        let (cuda, cuda_origin) = match settings.cuda_lib {
             Some(v) => (vec![v], CUDA_LIB_ENV),
             None => (Self::default_cuda_names(), "default"),
         };

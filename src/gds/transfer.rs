@@ -115,12 +115,7 @@ pub fn validate(t: &GdsTransfer, parallelism: usize, block_size: usize) -> Resul
             detail: Some("the file descriptor is not usable".into()),
         }));
     }
-    let acc = flags & libc::O_ACCMODE;
-    let ok = match t.direction {
-        Direction::Read => acc == libc::O_RDONLY || acc == libc::O_RDWR,
-        Direction::Write => acc == libc::O_WRONLY || acc == libc::O_RDWR,
-    };
-    if !ok {
+    if !crate::file::access_allows(flags, t.direction) {
         return Err(Error::Transfer(TransferError {
             direction: t.direction,
             path: None,

@@ -21,7 +21,10 @@ impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static N: AtomicUsize = AtomicUsize::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
-        let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        // Integration tests get CARGO_TARGET_TMPDIR; the crate's internal
+        // tests (which include this file) use target/tmp the same way.
+        let root = option_env!("CARGO_TARGET_TMPDIR").unwrap_or(concat!(env!("CARGO_MANIFEST_DIR"), "/target/tmp"));
+        let path = Path::new(root)
             .join("deepnvme-core-tests")
             .join(format!("{tag}-{}-{n}", std::process::id()));
         let _ = fs::remove_dir_all(&path);
@@ -105,7 +108,7 @@ pub fn skip(why: &str) {
 /// only when the kernel refuses it, unless DEEPNVME_TEST_REQUIRE_URING is
 /// set, which turns the skip into a failure.
 pub fn engines() -> Vec<EngineKind> {
-    match deepnvme::engine::io_uring_status() {
+    match deepnvme::io_uring_status() {
         Ok(()) => vec![EngineKind::Uring, EngineKind::Psync],
         Err(why) => {
             if std::env::var_os("DEEPNVME_TEST_REQUIRE_URING").is_some() {
@@ -182,13 +185,13 @@ impl Pinned {
     }
     /// The whole region as a buffer.
     pub fn desc(&self) -> BufferDesc {
-        BufferDesc::host(self.ptr(), self.len)
+        unsafe { BufferDesc::from_raw_parts(self.ptr(), self.len) }
     }
     /// A narrow `[off, off + len)` of the region.
     pub fn narrow(&self, off: usize, len: usize) -> BufferDesc {
         assert!(off + len <= self.len);
         // SAFETY: inside the region.
-        BufferDesc::host(unsafe { self.ptr().add(off) }, len)
+        unsafe { BufferDesc::from_raw_parts(self.ptr().add(off), len) }
     }
 }
 
@@ -200,7 +203,7 @@ impl Drop for Pinned {
 
 /// A plain heap buffer as an op buffer (not pinned: it must bounce).
 pub fn heap_desc(v: &mut [u8]) -> BufferDesc {
-    BufferDesc::host(v.as_mut_ptr(), v.len())
+    unsafe { BufferDesc::from_raw_parts(v.as_mut_ptr(), v.len()) }
 }
 
 pub fn request<'a>(direction: Direction, target: FileTarget<'a>, file_offset: i64, buffer: BufferDesc) -> OpRequest<'a> {

@@ -148,7 +148,7 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
 
     let buffer = IoBuffer::new(op_bytes)?;
     if let Some(why) = buffer.lock_error() {
-        deepnvme::log::info(&format!(
+        eprintln!("deepnvme: {}", format!(
             "could not lock the {} buffer ({why}); benchmarking with unlocked page-aligned memory, \
              which O_DIRECT still reads and writes directly",
             fmt_size(op_bytes as u64)

@@ -41,7 +41,7 @@ fn probe_dio(dir: &Path) -> Dio {
         .custom_flags(libc::O_DIRECT)
         .open(&path);
     let result = match opened {
-        Ok(f) => match deepnvme::file::dio_alignment(f.as_raw_fd()) {
+        Ok(f) => match deepnvme::dio_alignment(f.as_raw_fd()) {
             Some(a) => Dio::Aligned { offset: a.offset, memory: a.memory, reported: statx_reports_dio(f.as_raw_fd()) },
             None => Dio::Unsupported,
         },
@@ -109,8 +109,8 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
         return Err(CliError::Failed(format!("{} is not a directory", dir.display())));
     }
 
-    let uring = deepnvme::engine::io_uring_status();
-    let engine = deepnvme::engine::default_kind();
+    let uring = deepnvme::io_uring_status();
+    let engine = deepnvme::default_engine();
     let env = std::env::var("DEEPNVME_ENGINE").ok().filter(|v| !v.trim().is_empty());
     let dio = probe_dio(&dir);
     let (soft, hard) = deepnvme::pinned::memlock_limit();

@@ -54,7 +54,7 @@ impl Json {
                 let _ = write!(out, "{x}");
             }
             Json::Num(_) => out.push_str("null"),
-            Json::Str(s) => deepnvme::json::push_string(out, s),
+            Json::Str(s) => push_string(out, s),
             Json::Arr(items) => {
                 if items.is_empty() {
                     out.push_str("[]");
@@ -91,7 +91,7 @@ impl Json {
                         out.push(',');
                     }
                     newline(out, indent, level + 1);
-                    deepnvme::json::push_string(out, k);
+                    push_string(out, k);
                     out.push(':');
                     if indent > 0 {
                         out.push(' ');
@@ -175,4 +175,22 @@ mod tests {
         assert_eq!(Json::object().set("aio", Json::object().set("b", 1u64)).render(2), "{\n  \"aio\": {\n    \"b\": 1\n  }\n}");
         assert_eq!(Json::rounded(1.23456, 2), Json::Num(1.23));
     }
+}
+
+/// Appends `s` as a JSON string literal.
+fn push_string(out: &mut String, s: &str) {
+    use std::fmt::Write;
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }

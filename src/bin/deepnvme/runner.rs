@@ -352,15 +352,11 @@ impl IoBuffer {
     /// The first `len` bytes as the handle sees them.
     pub fn desc(&self, len: usize) -> BufferDesc {
         assert!(len <= self.len, "op larger than the I/O buffer");
-        BufferDesc {
-            ptr: self.ptr.as_ptr(),
-            len,
-            is_host: true,
-            contiguous: true,
-            // Manager memory is recognised by address; the unlocked fallback
-            // is vouched for so the I/O still goes direct (see the type doc).
-            pinned: self.unlocked.is_some(),
-        }
+        // SAFETY: the I/O buffer outlives every op the runner submits on it
+        // (each pass waits for its ops before the buffer can be dropped).
+        // Manager memory is recognised by address; the unlocked fallback
+        // is vouched for so the I/O still goes direct (see the type doc).
+        unsafe { BufferDesc::from_raw_parts(self.ptr.as_ptr(), len) }.pinned(self.unlocked.is_some())
     }
 }
 

@@ -199,7 +199,7 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
     file.check_space(size)?;
     let buffer = IoBuffer::new(op_bytes)?;
     if let Some(why) = buffer.lock_error() {
-        deepnvme::log::info(&format!(
+        eprintln!("deepnvme: {}", format!(
             "could not lock the {} buffer ({why}); tuning with unlocked page-aligned memory",
             fmt_size(op_bytes as u64)
         ));

@@ -1,0 +1,12 @@
+//! Tests of the core's internals (engines, slice plans, the bounce
+//! decision, the handle's failure containment) on real files, real
+//! io_uring and real mlock. They live inside the crate because what they
+//! drive is crate-private; they share `tests/common` with the integration
+//! tests (the crate is visible to them as `deepnvme`).
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+mod engines;
+mod plans;
+mod robustness;

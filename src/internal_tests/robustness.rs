@@ -1,0 +1,126 @@
+//! Failure containment in the handle: a slice that panics fails its op
+//! without hanging `wait()` or the handle, and an async submit never waits
+//! behind another thread's blocking call.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::common::*;
+use crate::engine::Engine;
+use crate::op::work::{OpCompletion, OpWork, PreparedOp};
+use crate::{Error, FileTarget, Result};
+
+/// A slice that panics on the worker.
+struct PanickingWork;
+
+impl OpWork for PanickingWork {
+    fn slice_count(&self) -> usize {
+        2
+    }
+    fn run_slice(&self, index: usize, _engine: &mut dyn Engine) -> Result<()> {
+        if index == 1 {
+            panic!("injected panic in slice 1");
+        }
+        Ok(())
+    }
+    fn slice_error(&self, index: usize, detail: String) -> Error {
+        Error::Engine(format!("slice {index}: {detail}"))
+    }
+}
+
+struct CountFinish(Arc<AtomicUsize>);
+
+impl OpCompletion for CountFinish {
+    fn finish(&mut self, outcome: Result<()>) -> Result<()> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        outcome
+    }
+}
+
+#[test]
+fn a_panicking_slice_fails_its_op_without_hanging_the_handle() {
+    let dir = TempDir::new("panic");
+    for engine in engines() {
+        let h = handle_with(engine, 4096, 4, false, false, 2);
+        let finished = Arc::new(AtomicUsize::new(0));
+        let op = PreparedOp { work: Arc::new(PanickingWork), completion: Box::new(CountFinish(finished.clone())) };
+        assert_eq!(h.dispatch_prepared(op, true).unwrap(), 0);
+        let err = h.wait().expect_err("the panicking op must fail");
+        let msg = err.to_string();
+        assert!(msg.contains("panic") && msg.contains("injected panic in slice 1"), "{msg}");
+        assert_eq!(finished.load(Ordering::SeqCst), 1, "the op was finished once");
+        // The worker that panicked got a fresh engine and still works.
+        let data = pattern(3, 64 << 10);
+        let src = Pinned::with(&data);
+        let path = dir.file(&format!("after-{engine:?}.bin"));
+        assert_eq!(h.pwrite(src.desc(), FileTarget::Path(&path), 0, false).unwrap(), 1);
+        assert_bytes_eq(&read_file(&path), &data, "write after the panic");
+    }
+}
+
+/// A slice that blocks until released, to hold a blocking call open.
+struct GatedWork {
+    started: Arc<AtomicBool>,
+    open: Arc<AtomicBool>,
+    /// Set when the gate gave up waiting: something kept it from being opened.
+    timed_out: Arc<AtomicBool>,
+}
+
+impl OpWork for GatedWork {
+    fn slice_count(&self) -> usize {
+        1
+    }
+    fn run_slice(&self, _index: usize, _engine: &mut dyn Engine) -> Result<()> {
+        self.started.store(true, Ordering::SeqCst);
+        let start = Instant::now();
+        while !self.open.load(Ordering::SeqCst) {
+            if start.elapsed() > Duration::from_secs(5) {
+                self.timed_out.store(true, Ordering::SeqCst);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+    fn slice_error(&self, index: usize, detail: String) -> Error {
+        Error::Engine(format!("slice {index}: {detail}"))
+    }
+}
+
+#[test]
+fn an_async_submit_does_not_wait_behind_a_blocking_call() {
+    let dir = TempDir::new("async-not-serial");
+    let h = Arc::new(handle_with(engines()[0], 4096, 4, false, true, 2));
+    let started = Arc::new(AtomicBool::new(false));
+    let open = Arc::new(AtomicBool::new(false));
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let blocking = {
+        let (h, started, open, finished) = (h.clone(), started.clone(), open.clone(), finished.clone());
+        let timed_out = timed_out.clone();
+        std::thread::spawn(move || {
+            let work = GatedWork { started, open, timed_out };
+            let op = PreparedOp { work: Arc::new(work), completion: Box::new(CountFinish(finished)) };
+            h.dispatch_prepared(op, false)
+        })
+    };
+    // Wait until the blocking call's op is running on a worker.
+    let start = Instant::now();
+    while !started.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(started.load(Ordering::SeqCst), "the blocking call never started");
+    // The async submit returns while the blocking call is still held open.
+    let data = pattern(5, 8192);
+    let src = Pinned::with(&data);
+    let path = dir.file("async.bin");
+    assert_eq!(h.pwrite(src.desc(), FileTarget::Path(&path), 0, true).unwrap(), 0);
+    open.store(true, Ordering::SeqCst);
+    // The blocking call counts everything pending when it waited.
+    let counted = blocking.join().unwrap().unwrap();
+    let rest = h.wait().unwrap();
+    assert_eq!(counted + rest, 2, "both ops counted exactly once");
+    assert!(!timed_out.load(Ordering::SeqCst), "the async submit waited for the blocking call to end");
+    assert_bytes_eq(&read_file(&path), &data, "async write");
+}

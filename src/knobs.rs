@@ -1,0 +1,331 @@
+//! Every knob of deepnvme in one place: DeepSpeed's handle defaults, the
+//! limits the core enforces, and every environment variable it reads (read
+//! once per process, on first use). Other structs derive from these values
+//! instead of repeating them; the README's "Knobs" table is [`VARIABLES`]
+//! (a test checks that the two agree).
+//!
+//! KvikIO's `defaults` module is the model: one place to look up what a
+//! setting is called, what it defaults to, and what it does.
+
+use std::sync::OnceLock;
+
+// ---------------------------------------------------------------------------
+// DeepSpeed's `aio_handle(...)` defaults and the limits the core enforces.
+// ---------------------------------------------------------------------------
+
+/// Bytes per I/O request (`block_size`).
+pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
+/// Requests in flight per worker (`queue_depth`).
+pub const DEFAULT_QUEUE_DEPTH: usize = 128;
+/// One submit syscall per request instead of one per batch (`single_submit`).
+pub const DEFAULT_SINGLE_SUBMIT: bool = false;
+/// Keep the queue topped up instead of submit-then-wait (`overlap_events`).
+pub const DEFAULT_OVERLAP_EVENTS: bool = false;
+/// Worker threads an op is split across (`intra_op_parallelism`).
+pub const DEFAULT_INTRA_OP_PARALLELISM: usize = 1;
+
+/// The largest queue depth: io_uring's ring size limit (`IORING_MAX_ENTRIES`).
+pub const MAX_QUEUE_DEPTH: usize = 32768;
+/// The most worker threads one handle may start.
+pub const MAX_INTRA_OP_PARALLELISM: usize = 1024;
+/// DeepSpeed's alignment unit: `get_alignment()` = parallelism x this.
+pub const DEEPSPEED_ALIGNMENT_UNIT: usize = 512;
+/// O_DIRECT alignment assumed when the kernel does not report
+/// `STATX_DIOALIGN`: 4 KiB satisfies every common logical block size.
+pub const CONSERVATIVE_DIO_ALIGNMENT: usize = 4096;
+
+/// DeepSpeed's cuFile `min_io_threshold_size_kb`.
+pub const GDS_MIN_IO_THRESHOLD_SIZE_KB: usize = 8192;
+/// The smallest GDS block size: cuFile's max direct-I/O size is
+/// `block_size / 1024` KiB, which must be at least 1.
+pub const GDS_MIN_BLOCK_SIZE: usize = 1024;
+
+/// How many times a transfer that keeps answering EAGAIN is resubmitted
+/// before it fails naming the errno (with a growing pause in between).
+pub const MAX_EAGAIN_RETRIES: u32 = 64;
+
+// ---------------------------------------------------------------------------
+// Environment variables.
+// ---------------------------------------------------------------------------
+
+/// `uring` or `psync`: forces the transfer engine.
+pub const ENGINE_ENV: &str = "DEEPNVME_ENGINE";
+/// `quiet` (or `0`, `off`): no informational lines on stderr.
+pub const LOG_ENV: &str = "DEEPNVME_LOG";
+/// `1`: a `gds_handle` may be created without GPUDirect Storage.
+pub const GDS_CPU_ONLY_ENV: &str = "DEEPNVME_GDS_CPU_ONLY";
+/// The libcufile to load (a path or a name), instead of the default search.
+pub const CUFILE_LIB_ENV: &str = "DEEPNVME_CUFILE_LIB";
+/// The libcuda to load (a path or a name), instead of the default search.
+pub const CUDA_LIB_ENV: &str = "DEEPNVME_CUDA_LIB";
+/// cuFile's own variable naming its JSON config; a user's value is kept.
+pub const CUFILE_ENV_PATH_JSON: &str = "CUFILE_ENV_PATH_JSON";
+
+/// Who reads a variable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The Rust core, at run time (read once, here).
+    Core,
+    /// The Python package (`bindings/deepnvme`), at import or load time.
+    Python,
+    /// The build (`bindings/setup.py`, `bindings/install.sh`).
+    Build,
+    /// The test and benchmark scripts.
+    Tests,
+}
+
+/// One environment variable: its name, default and meaning.
+#[derive(Clone, Copy, Debug)]
+pub struct EnvVar {
+    pub name: &'static str,
+    pub scope: Scope,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+/// Every environment variable deepnvme reads, anywhere in the repository.
+pub const VARIABLES: &[EnvVar] = &[
+    EnvVar {
+        name: ENGINE_ENV,
+        scope: Scope::Core,
+        default: "io_uring where the kernel allows it, else psync",
+        meaning: "`uring` or `psync`: the transfer engine for every handle (chosen once, said once on stderr)",
+    },
+    EnvVar {
+        name: LOG_ENV,
+        scope: Scope::Core,
+        default: "informational lines on",
+        meaning: "`quiet` (or `0`, `off`) silences informational lines; errors always print",
+    },
+    EnvVar {
+        name: GDS_CPU_ONLY_ENV,
+        scope: Scope::Core,
+        default: "unset: creating a `gds_handle` without GPUDirect Storage raises",
+        meaning: "`1`: such a `gds_handle` is created and serves CPU tensors only",
+    },
+    EnvVar {
+        name: CUFILE_LIB_ENV,
+        scope: Scope::Core,
+        default: "`libcufile.so.0`, `libcufile.so`, `libcufile.so.1`, then cudarc's names",
+        meaning: "the libcufile to load (a path or a name); only that one is tried",
+    },
+    EnvVar {
+        name: CUDA_LIB_ENV,
+        scope: Scope::Core,
+        default: "`libcuda.so.1`, `libcuda.so`, then cudarc's names",
+        meaning: "the libcuda to load (a path or a name); only that one is tried",
+    },
+    EnvVar {
+        name: CUFILE_ENV_PATH_JSON,
+        scope: Scope::Core,
+        default: "a private config (DeepSpeed's keys) unless `/etc/cufile.json` exists",
+        meaning: "cuFile's config file; a value the user set is never replaced",
+    },
+    EnvVar {
+        name: "DEEPNVME_DEEPSPEED_HOOK",
+        scope: Scope::Python,
+        default: "`1`",
+        meaning: "`0` turns off the import hook that makes DeepSpeed's op builders load deepnvme",
+    },
+    EnvVar {
+        name: "DEEPNVME_PREBUILT_CORE",
+        scope: Scope::Build,
+        default: "unset: cargo builds the core",
+        meaning: "a folder with a core built elsewhere (`tests/gpu/stage-core.sh`), for machines without Rust",
+    },
+    EnvVar {
+        name: "DEEPNVME_ACCEPT_BINDING_HASHES",
+        scope: Scope::Build,
+        default: "unset: only deepspeed 0.19.8's hashes are accepted",
+        meaning: "`1`: build DeepSpeed binding files whose sha256 differs (printed in the build log)",
+    },
+    EnvVar {
+        name: "DEEPNVME_VENV",
+        scope: Scope::Build,
+        default: "`~/.cache/deepnvme-venv`",
+        meaning: "the Python environment `bindings/install.sh` and `tests/run-all.sh` create and reuse",
+    },
+    EnvVar {
+        name: "DEEPNVME_TORCH_VERSION",
+        scope: Scope::Build,
+        default: "`2.15.0`",
+        meaning: "the torch `bindings/install.sh` installs",
+    },
+    EnvVar {
+        name: "DEEPNVME_DEEPSPEED_VERSION",
+        scope: Scope::Build,
+        default: "`0.19.8`",
+        meaning: "the deepspeed `bindings/install.sh` installs",
+    },
+    EnvVar {
+        name: "DEEPNVME_WHEELHOUSE",
+        scope: Scope::Build,
+        default: "unset: PyPI",
+        meaning: "a folder of wheels to install from, offline (the GPU check)",
+    },
+    EnvVar {
+        name: "DEEPNVME_TEST_REQUIRE_URING",
+        scope: Scope::Tests,
+        default: "unset: io_uring cases skip (loudly) where the kernel refuses io_uring",
+        meaning: "set: such a skip is a failure",
+    },
+    EnvVar {
+        name: "DEEPNVME_GDS_TEST_DIR",
+        scope: Scope::Tests,
+        default: "`target/gds-test`",
+        meaning: "where the Rust GPU tests put their file (it must accept cuFile)",
+    },
+    EnvVar {
+        name: "DEEPNVME_GDS_BENCH_MB",
+        scope: Scope::Tests,
+        default: "`0` (not measured)",
+        meaning: "MiB moved by the GPU tests' side-by-side GB/s measurement",
+    },
+    EnvVar {
+        name: "DEEPNVME_GPU_TEST_DIR",
+        scope: Scope::Tests,
+        default: "`target/gpu-test`",
+        meaning: "where `tests/gpu/run.sh` puts its files",
+    },
+    EnvVar {
+        name: "DEEPNVME_GPU_BENCH_MB",
+        scope: Scope::Tests,
+        default: "`512`",
+        meaning: "MiB moved by `tests/gpu/test_gds.py`'s GB/s measurement",
+    },
+    EnvVar {
+        name: "DEEPNVME_GPU_FAKE_UDEV",
+        scope: Scope::Tests,
+        default: "unset",
+        meaning: "`1`: `tests/gpu/run.sh` fakes the udev entries cuFile needs on a VM without a udev database",
+    },
+];
+
+/// The engine a process asked for through [`ENGINE_ENV`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineChoice {
+    /// Not set: io_uring where the kernel allows it, else psync.
+    Auto,
+    Uring,
+    Psync,
+}
+
+/// The core's environment, read once per process (on first use).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// [`ENGINE_ENV`]; `Err` holds the value that is neither `uring` nor `psync`.
+    pub engine: Result<EngineChoice, String>,
+    /// [`LOG_ENV`] says quiet.
+    pub quiet: bool,
+    /// [`GDS_CPU_ONLY_ENV`] is `1`.
+    pub gds_cpu_only: bool,
+    /// [`CUFILE_LIB_ENV`], when set and not blank.
+    pub cufile_lib: Option<String>,
+    /// [`CUDA_LIB_ENV`], when set and not blank.
+    pub cuda_lib: Option<String>,
+}
+
+fn non_blank(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Parses an engine name as [`ENGINE_ENV`] takes it.
+pub fn parse_engine(value: &str) -> Option<EngineChoice> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" | "auto" => Some(EngineChoice::Auto),
+        "uring" | "io_uring" | "iouring" => Some(EngineChoice::Uring),
+        "psync" | "pread" | "threads" => Some(EngineChoice::Psync),
+        _ => None,
+    }
+}
+
+impl Settings {
+    /// Reads the variables now (tests use this; everyone else [`settings`]).
+    pub fn from_env() -> Settings {
+        let engine = match non_blank(ENGINE_ENV) {
+            None => Ok(EngineChoice::Auto),
+            Some(v) => parse_engine(&v).ok_or(v),
+        };
+        Settings {
+            engine,
+            quiet: matches!(std::env::var(LOG_ENV).as_deref(), Ok("quiet") | Ok("0") | Ok("off")),
+            gds_cpu_only: std::env::var(GDS_CPU_ONLY_ENV).as_deref() == Ok("1"),
+            cufile_lib: non_blank(CUFILE_LIB_ENV),
+            cuda_lib: non_blank(CUDA_LIB_ENV),
+        }
+    }
+}
+
+/// The process's settings, read from the environment on first use.
+pub fn settings() -> &'static Settings {
+    static SETTINGS: OnceLock<Settings> = OnceLock::new();
+    SETTINGS.get_or_init(Settings::from_env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_names_parse() {
+        assert_eq!(parse_engine("io_uring"), Some(EngineChoice::Uring));
+        assert_eq!(parse_engine(" PSYNC "), Some(EngineChoice::Psync));
+        assert_eq!(parse_engine(""), Some(EngineChoice::Auto));
+        assert_eq!(parse_engine("libaio"), None);
+    }
+
+    #[test]
+    fn every_variable_is_documented_once() {
+        let mut names: Vec<_> = VARIABLES.iter().map(|v| v.name).collect();
+        names.sort();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(before, names.len(), "a variable is listed twice");
+        assert!(VARIABLES.iter().all(|v| !v.meaning.is_empty() && !v.default.is_empty()));
+    }
+
+    /// The README's table and every `DEEPNVME_*` name used anywhere in the
+    /// repository's sources and scripts agree with [`VARIABLES`].
+    #[test]
+    fn readme_and_sources_use_only_listed_variables() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+        for v in VARIABLES {
+            assert!(readme.contains(&format!("`{}`", v.name)), "README's knob table lacks {}", v.name);
+        }
+        let mut used = std::collections::BTreeSet::new();
+        let mut stack: Vec<std::path::PathBuf> =
+            ["src", "bindings", "tests", "benches", "cpp", "crates"].iter().map(|d| root.join(d)).collect();
+        while let Some(p) = stack.pop() {
+            let Ok(meta) = std::fs::metadata(&p) else { continue };
+            if meta.is_dir() {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                if matches!(name, "target" | "build" | "__pycache__") || name.ends_with(".egg-info") {
+                    continue;
+                }
+                for e in std::fs::read_dir(&p).into_iter().flatten().flatten() {
+                    stack.push(e.path());
+                }
+            } else if let Ok(text) = std::fs::read_to_string(&p) {
+                let mut rest = text.as_str();
+                while let Some(i) = rest.find("DEEPNVME_") {
+                    let tail = &rest[i..];
+                    let end = tail.find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')).unwrap_or(tail.len());
+                    let name = &tail[..end];
+                    if name.len() > "DEEPNVME_".len() && !name.ends_with('_') {
+                        used.insert((name.to_string(), p.display().to_string()));
+                    }
+                    rest = &tail[end..];
+                }
+            }
+        }
+        // Names tests pass to their own child processes are not knobs.
+        let private = ["DEEPNVME_VALIDATE_CHILD", "DEEPNVME_VALIDATE_ENGINE", "DEEPNVME_GDS_TEST_CHILD"];
+        for (name, file) in used {
+            if private.contains(&name.as_str()) {
+                continue;
+            }
+            assert!(VARIABLES.iter().any(|v| v.name == name), "{file} uses {name}, which knobs::VARIABLES does not list");
+        }
+    }
+}

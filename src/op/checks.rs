@@ -1,0 +1,78 @@
+//! The checks an op makes before it runs (offsets, extents, DeepSpeed's
+//! divisibility rule), and DeepSpeed's `validate=True` re-read afterwards.
+//! CPU and GPUDirect ops share them.
+
+use std::path::PathBuf;
+
+use crate::error::{Direction, Error, Result};
+use crate::file::{FileTarget, OpenFile};
+
+/// A read must lie inside the file (DeepSpeed asserted, killing the process).
+pub(crate) fn check_read_extent(file: &OpenFile, file_offset: u64, len: usize) -> Result<()> {
+    let size = file.size()?;
+    if file_offset.checked_add(len as u64).is_none_or(|end| end > size) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: reading {len} bytes at offset {file_offset} runs past the end of the file ({size} bytes)",
+            file.display_path().display()
+        )));
+    }
+    Ok(())
+}
+
+/// A negative file offset is refused before anything is opened.
+pub(crate) fn check_file_offset(file_offset: i64, target: &FileTarget<'_>) -> Result<u64> {
+    u64::try_from(file_offset)
+        .map_err(|_| Error::InvalidArgument(format!("file_offset {file_offset} is negative for {target}")))
+}
+
+/// DeepSpeed requires a parallel op's bytes to divide evenly among the
+/// workers (it returns -1 otherwise); kept for compatibility.
+pub(crate) fn check_divisible(
+    direction: Direction,
+    len: usize,
+    file_offset: i64,
+    target: &FileTarget<'_>,
+    parallelism: usize,
+) -> Result<()> {
+    if len % parallelism != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "parallel {} of {len} bytes at offset {file_offset} of {target} is not divisible by \
+             intra_op_parallelism = {parallelism}",
+            direction.verb(),
+        )));
+    }
+    Ok(())
+}
+
+/// DeepSpeed's `validate=True`: re-reads `[offset, offset + ours.len())` of
+/// the file with plain reads and compares. Prints `Pass:`/`Fail:` on stdout
+/// (as DeepSpeed does); the op's return code does not change.
+pub(crate) fn report_validation(direction: Direction, file: &OpenFile, offset: u64, ours: &[u8]) {
+    let verb = direction.verb();
+    let name = file.display_path();
+    let len = ours.len();
+    let line = match read_back(file, offset, len) {
+        Ok(theirs) => match ours.iter().zip(&theirs).position(|(a, b)| a != b) {
+            None => format!("Pass: correctness of {verb} of {len} bytes at offset {offset} of {}", name.display()),
+            Some(i) => format!(
+                "Fail: correctness of {verb} of {len} bytes at offset {offset} of {}: first difference at byte {i}",
+                name.display()
+            ),
+        },
+        Err(e) => format!("Fail: correctness of {verb} of {}: could not re-read: {e}", name.display()),
+    };
+    crate::log::stdout_line(&line);
+}
+
+/// Reads `len` bytes at `offset` with a fresh buffered, read-only descriptor.
+fn read_back(file: &OpenFile, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let path = match file.path() {
+        Some(p) => p.to_path_buf(),
+        None => PathBuf::from(format!("/proc/self/fd/{}", file.any_fd())),
+    };
+    let f = std::fs::File::open(path)?;
+    let mut out = vec![0u8; len];
+    f.read_exact_at(&mut out, offset)?;
+    Ok(out)
+}

@@ -1,0 +1,36 @@
+//! What the handle runs: an op's work, cut into slices that workers run, and
+//! its completion, which `wait()` finishes. CPU ops ([`super::CpuOp`]) and
+//! GPUDirect ops (`crate::gds::op`) both take this shape, so one queue and
+//! one `wait()` serve both, in submission order.
+
+use std::sync::Arc;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+
+/// The part of an op that workers run, one slice per job. CPU ops cut their
+/// bytes into per-worker slices; a GPUDirect op is one slice that drives
+/// cuFile (which has its own threads).
+pub(crate) trait OpWork: Send + Sync {
+    fn slice_count(&self) -> usize;
+    /// Runs slice `index` on the worker's `engine`.
+    fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> Result<()>;
+    /// Describes slice `index` for an error when it could not be run at all.
+    fn slice_error(&self, index: usize, detail: String) -> Error;
+}
+
+/// How an op completes in `wait()` once all its slices ran: report the
+/// first slice error, or validate and copy a bounced read back. Dropping it
+/// releases the op's files and buffers.
+pub(crate) trait OpCompletion: Send {
+    /// Called once. The completion is dropped afterwards, outside the
+    /// handle's locks: dropping it may release a torch tensor, which can
+    /// take the GIL.
+    fn finish(&mut self, outcome: Result<()>) -> Result<()>;
+}
+
+/// An op ready to be dispatched.
+pub(crate) struct PreparedOp {
+    pub work: Arc<dyn OpWork>,
+    pub completion: Box<dyn OpCompletion>,
+}
