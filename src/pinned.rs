@@ -236,6 +236,10 @@ impl PinnedMemoryManager {
     }
 }
 
+#[cfg(test)]
+#[path = "pinned_proptests.rs"]
+mod proptests;
+
 impl Drop for PinnedMemoryManager {
     fn drop(&mut self) {
         for (&base, r) in self.regions.get_mut().iter() {

@@ -552,3 +552,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "transfer_proptests.rs"]
+mod proptests;
