@@ -32,8 +32,8 @@ impl fmt::Display for CliError {
     }
 }
 
-impl From<deepnvme::Error> for CliError {
-    fn from(e: deepnvme::Error) -> Self {
+impl From<crate::core_api::Error> for CliError {
+    fn from(e: crate::core_api::Error) -> Self {
         CliError::Failed(e.to_string())
     }
 }

@@ -4,9 +4,8 @@
 
 use std::path::Path;
 
-use deepnvme::Direction;
-
 use crate::args::{fmt_size, fmt_size_short, parse_count, parse_positive_size, Arg, Args, CliError};
+use crate::core_api::Direction;
 use crate::json::Json;
 use crate::progress::{Progress, ProgressMode};
 use crate::runner::{self, BenchFile, Common, IoBuffer, Knobs, Summary, GB};
@@ -148,7 +147,7 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
 
     let buffer = IoBuffer::new(op_bytes)?;
     if let Some(why) = buffer.lock_error() {
-        deepnvme::log::info(&format!(
+        crate::progress::info(&format!(
             "could not lock the {} buffer ({why}); benchmarking with unlocked page-aligned memory, \
              which O_DIRECT still reads and writes directly",
             fmt_size(op_bytes as u64)

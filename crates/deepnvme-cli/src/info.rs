@@ -7,6 +7,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::args::{fmt_size, Arg, Args, CliError};
+use crate::core_api;
 use crate::json::Json;
 
 pub const USAGE: &str = "\
@@ -41,7 +42,7 @@ fn probe_dio(dir: &Path) -> Dio {
         .custom_flags(libc::O_DIRECT)
         .open(&path);
     let result = match opened {
-        Ok(f) => match deepnvme::file::dio_alignment(f.as_raw_fd()) {
+        Ok(f) => match core_api::dio_alignment(f.as_raw_fd()) {
             Some(a) => Dio::Aligned { offset: a.offset, memory: a.memory, reported: statx_reports_dio(f.as_raw_fd()) },
             None => Dio::Unsupported,
         },
@@ -109,13 +110,13 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
         return Err(CliError::Failed(format!("{} is not a directory", dir.display())));
     }
 
-    let uring = deepnvme::engine::io_uring_status();
-    let engine = deepnvme::engine::default_kind();
+    let uring = core_api::io_uring_status();
+    let engine = core_api::default_engine();
     let env = std::env::var("DEEPNVME_ENGINE").ok().filter(|v| !v.trim().is_empty());
     let dio = probe_dio(&dir);
-    let (soft, hard) = deepnvme::pinned::memlock_limit();
+    let (soft, hard) = core_api::memlock_limit();
     let cap = has_cap_ipc_lock();
-    let page = deepnvme::pinned::page_size();
+    let page = core_api::page_size();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let dir_shown = std::fs::canonicalize(&dir).unwrap_or(dir.clone());
 

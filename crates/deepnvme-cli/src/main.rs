@@ -7,11 +7,13 @@
 //! * `args`: hand-written parsing (sizes with suffixes, lists, switches);
 //! * `bench`, `tune`, `info`: the subcommands;
 //! * `runner`: the file, locked buffer, handle and timed pass they share;
+//! * `core_api`: every item of the core crate the tool uses, in one place;
 //! * `progress`: the progress line on stderr;
 //! * `json`: the JSON writer for `--json` and the `"aio"` block.
 
 mod args;
 mod bench;
+mod core_api;
 mod info;
 mod json;
 mod progress;

@@ -16,10 +16,11 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use deepnvme::pinned::{LockMode, PageAlignedBuffer};
-use deepnvme::{BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager};
-
 use crate::args::{fmt_size, parse_count, parse_positive_size, Args, CliError};
+use crate::core_api::{
+    self, BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, LockMode, OpRequest, PageAlignedBuffer,
+    PinnedMemoryManager,
+};
 use crate::progress::Progress;
 
 /// GB as the tool reports it: 10^9 bytes (as fio's "GB/s" and disk vendors).
@@ -308,7 +309,7 @@ impl IoBuffer {
         let manager = PinnedMemoryManager::shared();
         let mut buf = match manager.alloc(len) {
             Ok(ptr) => IoBuffer { ptr, len, unlocked: None, lock_error: None },
-            Err(e @ deepnvme::Error::Lock { .. }) => {
+            Err(e) if core_api::is_lock_error(&e) => {
                 let fallback = PageAlignedBuffer::new(len, LockMode::None)
                     .map_err(|e| CliError::Failed(format!("allocating the {} I/O buffer: {e}", fmt_size(len as u64))))?;
                 let ptr = NonNull::new(fallback.as_ptr()).expect("mmap never returns null");
@@ -352,15 +353,12 @@ impl IoBuffer {
     /// The first `len` bytes as the handle sees them.
     pub fn desc(&self, len: usize) -> BufferDesc {
         assert!(len <= self.len, "op larger than the I/O buffer");
-        BufferDesc {
-            ptr: self.ptr.as_ptr(),
-            len,
-            is_host: true,
-            contiguous: true,
-            // Manager memory is recognised by address; the unlocked fallback
-            // is vouched for so the I/O still goes direct (see the type doc).
-            pinned: self.unlocked.is_some(),
-        }
+        // Manager memory is recognised by address; the unlocked fallback is
+        // vouched for so the I/O still goes direct (see the type doc).
+        // SAFETY: the first `len` bytes of memory this buffer owns until it
+        // drops; `run_pass` waits for every op before it returns, and no
+        // other code touches the buffer meanwhile.
+        unsafe { core_api::host_buffer(self.ptr.as_ptr(), len, self.unlocked.is_some()) }
     }
 }
 
@@ -433,7 +431,7 @@ pub fn run_pass(
             staging: None,
             validate: false,
         };
-        let fail = |e: deepnvme::Error| CliError::Failed(format!("{} pass failed: {e}", direction.verb()));
+        let fail = |e: core_api::Error| CliError::Failed(format!("{} pass failed: {e}", direction.verb()));
         handle.submit(request, true).map_err(fail)?;
         handle.wait().map_err(fail)?;
         done += len as u64;

@@ -3,12 +3,11 @@
 //! prints the best configuration as a DeepSpeed `"aio": {...}` config block,
 //! choosing it as DeepSpeed's `ds_nvme_tune` does (highest read + write GB/s).
 
-use deepnvme::Direction;
-
 use crate::args::{
     fmt_size, fmt_size_short, parse_bool_choice, parse_count, parse_list, parse_positive_size, Arg, Args, CliError,
 };
 use crate::bench::{knobs_json, knobs_line, path_str, summary_json};
+use crate::core_api::Direction;
 use crate::json::Json;
 use crate::progress::{Progress, ProgressMode};
 use crate::runner::{self, BenchFile, Common, IoBuffer, Knobs, Summary};
@@ -199,7 +198,7 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
     file.check_space(size)?;
     let buffer = IoBuffer::new(op_bytes)?;
     if let Some(why) = buffer.lock_error() {
-        deepnvme::log::info(&format!(
+        crate::progress::info(&format!(
             "could not lock the {} buffer ({why}); tuning with unlocked page-aligned memory",
             fmt_size(op_bytes as u64)
         ));
