@@ -1,14 +1,20 @@
-//! Hand-written command-line parsing: a cursor over the arguments that
-//! splits `--name=value`, typed values (sizes with k/M/G suffixes, counts,
-//! booleans, comma-separated lists), human-readable sizes for output, and
-//! the [`CliError`] that decides the exit status (2 for usage errors).
+//! Command-line pieces the subcommands share: the options of `bench` and
+//! `tune` ([`Common`]), value parsers for clap (sizes with k/M/G suffixes,
+//! counts, booleans, the engine), human-readable sizes for output, and the
+//! [`CliError`] that decides the exit status (2 for usage errors).
 
 use std::fmt;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::core_api::EngineKind;
 
 /// Why the tool stops early. `main` maps each to an exit status.
 #[derive(Debug)]
 pub enum CliError {
-    /// A bad command line: exit status 2, with a pointer to `--help`.
+    /// A bad command line that clap could not see (knob limits, sizes that
+    /// do not split among workers): exit status 2, with the usage line.
     Usage { msg: String, command: &'static str },
     /// The work itself failed (I/O error, allocation, ...): exit status 1.
     Failed(String),
@@ -38,110 +44,77 @@ impl From<crate::core_api::Error> for CliError {
     }
 }
 
-/// One command-line item.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Arg {
-    /// `--name`, `--name=value` or `-x`; `name` keeps its dashes.
-    Flag { name: String, inline: Option<String> },
-    /// Anything else.
-    Positional(String),
+pub const KNOBS: &str = "Handle knobs";
+pub const MOVE: &str = "What to move";
+pub const OUTPUT: &str = "Output";
+
+/// The options `bench` and `tune` both take: the engine, where the file is,
+/// how much to move, how many times, and how to report. Each command adjusts
+/// the help of the few whose defaults or meaning differ (`mut_arg`).
+#[derive(Args, Clone, Debug)]
+pub struct Common {
+    /// Transfer engine [default: DEEPNVME_ENGINE, else io_uring when it works, else psync]
+    #[arg(long, value_name = "uring|psync", value_parser = parse_engine, help_heading = KNOBS)]
+    pub engine: Option<EngineKind>,
+
+    /// Bytes per pass
+    #[arg(short, long, value_name = "SIZE", value_parser = parse_positive_size_u64, help_heading = MOVE)]
+    pub size: Option<u64>,
+
+    /// Bytes per op (and locked buffer) [default: 256M, or --size when smaller]
+    #[arg(long, value_name = "SIZE", value_parser = parse_positive_size, help_heading = MOVE)]
+    pub buffer_size: Option<usize>,
+
+    /// Use this file: an existing one is overwritten in place and never removed; a new one is removed
+    /// afterwards unless --keep
+    #[arg(short, long, value_name = "PATH", conflicts_with = "dir", help_heading = MOVE)]
+    pub file: Option<PathBuf>,
+
+    /// Put the temp file in DIR [default: the current directory]
+    #[arg(short, long, value_name = "DIR", help_heading = MOVE)]
+    pub dir: Option<PathBuf>,
+
+    /// Do not remove the file the tool created
+    #[arg(long, help_heading = MOVE)]
+    pub keep: bool,
+
+    /// Repeat the passes N times; report best and mean
+    #[arg(short = 'n', long, value_name = "N", default_value = "1", value_parser = parse_count, help_heading = MOVE)]
+    pub loops: usize,
+
+    /// Only read
+    #[arg(long, conflicts_with = "write_only", help_heading = MOVE)]
+    pub read_only: bool,
+
+    /// Only write
+    #[arg(long, help_heading = MOVE)]
+    pub write_only: bool,
+
+    /// One JSON object on stdout instead of the table
+    #[arg(long, help_heading = OUTPUT)]
+    pub json: bool,
+
+    /// No progress on stderr
+    #[arg(short, long, help_heading = OUTPUT)]
+    pub quiet: bool,
+
+    /// Progress even when stderr is not a terminal
+    #[arg(long, help_heading = OUTPUT)]
+    pub progress: bool,
 }
 
-/// A cursor over the arguments of one (sub)command.
-pub struct Args {
-    items: Vec<String>,
-    pos: usize,
-    /// The subcommand, for error messages ("deepnvme bench").
-    command: &'static str,
-}
-
-impl Args {
-    pub fn new(items: Vec<String>, command: &'static str) -> Args {
-        Args { items, pos: 0, command }
+impl Common {
+    pub fn do_write(&self) -> bool {
+        !self.read_only
     }
-
-    /// The next item, with `--name=value` split. After a bare `--`,
-    /// everything is positional.
-    pub fn next_arg(&mut self) -> Option<Arg> {
-        let item = self.items.get(self.pos)?.clone();
-        self.pos += 1;
-        if item == "--" {
-            // Everything after it is positional; none of our commands takes
-            // positionals, so the caller reports the first one.
-            return self.items.get(self.pos).map(|s| {
-                self.pos += 1;
-                Arg::Positional(s.clone())
-            });
-        }
-        if let Some(rest) = item.strip_prefix("--") {
-            return Some(match rest.split_once('=') {
-                Some((name, value)) => Arg::Flag { name: format!("--{name}"), inline: Some(value.to_string()) },
-                None => Arg::Flag { name: item.clone(), inline: None },
-            });
-        }
-        if item.len() > 1 && item.starts_with('-') && !looks_numeric(&item) {
-            return Some(Arg::Flag { name: item, inline: None });
-        }
-        Some(Arg::Positional(item))
-    }
-
-    /// The value of `flag`: its `=value`, else the next item.
-    pub fn value(&mut self, flag: &str, inline: Option<String>) -> Result<String, CliError> {
-        if let Some(v) = inline {
-            return Ok(v);
-        }
-        match self.items.get(self.pos) {
-            Some(v) => {
-                self.pos += 1;
-                Ok(v.clone())
-            }
-            None => Err(self.error(format!("option {flag} needs a value"))),
-        }
-    }
-
-    /// Parses the value of `flag` with `parse`, naming the flag on failure.
-    pub fn parsed<T>(
-        &mut self,
-        flag: &str,
-        inline: Option<String>,
-        parse: impl Fn(&str) -> Result<T, String>,
-    ) -> Result<T, CliError> {
-        let v = self.value(flag, inline)?;
-        parse(&v).map_err(|why| self.error(format!("bad value {v:?} for {flag}: {why}")))
-    }
-
-    /// For an on/off switch: `--flag` is true, `--flag=VALUE` is parsed.
-    pub fn switch(&self, flag: &str, inline: Option<String>) -> Result<bool, CliError> {
-        match inline {
-            None => Ok(true),
-            Some(v) => parse_bool(&v).map_err(|why| self.error(format!("bad value {v:?} for {flag}: {why}"))),
-        }
-    }
-
-    /// Refuses `--flag=value` on a flag that takes none.
-    pub fn no_value(&self, flag: &str, inline: &Option<String>) -> Result<(), CliError> {
-        match inline {
-            Some(v) => Err(self.error(format!("option {flag} takes no value (got {v:?})"))),
-            None => Ok(()),
-        }
-    }
-
-    pub fn error(&self, msg: impl Into<String>) -> CliError {
-        CliError::usage(self.command, msg)
-    }
-
-    pub fn unknown(&self, arg: Arg) -> CliError {
-        match arg {
-            Arg::Flag { name, .. } => self.error(format!("unknown option {name}")),
-            Arg::Positional(p) => self.error(format!("unexpected argument {p:?}")),
-        }
+    pub fn do_read(&self) -> bool {
+        !self.write_only
     }
 }
 
-/// "-1" or "-0.5" are values, not flags.
-fn looks_numeric(s: &str) -> bool {
-    s[1..].chars().next().is_some_and(|c| c.is_ascii_digit() || c == '.')
-}
+// ---------------------------------------------------------------------------
+// Value parsers (each error message says what was expected; clap names the
+// flag and the value)
 
 /// A byte count with an optional binary suffix: `4096`, `4k`, `1M`, `1.5G`,
 /// `1MiB`, `2GB`. Every suffix is a power of 1024, as in fio and DeepSpeed.
@@ -184,6 +157,11 @@ pub fn parse_positive_size(s: &str) -> Result<usize, String> {
     usize::try_from(v).map_err(|_| "too large for this machine".to_string())
 }
 
+/// [`parse_positive_size`] as a file length.
+pub fn parse_positive_size_u64(s: &str) -> Result<u64, String> {
+    parse_positive_size(s).map(|n| n as u64)
+}
+
 /// A positive integer (no suffix).
 pub fn parse_count(s: &str) -> Result<usize, String> {
     let v: usize = s.trim().parse().map_err(|_| "expected a positive whole number".to_string())?;
@@ -201,29 +179,55 @@ pub fn parse_bool(s: &str) -> Result<bool, String> {
     }
 }
 
-/// A comma-separated, non-empty list; duplicates are dropped, order kept.
-pub fn parse_list<T: PartialEq>(s: &str, item: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
-    let mut out = Vec::new();
-    for part in s.split(',') {
-        let part = part.trim();
-        if part.is_empty() {
-            return Err("empty item in list (use e.g. 128k,1M)".into());
+/// `uring` (also `io_uring`) or `psync`.
+pub fn parse_engine(s: &str) -> Result<EngineKind, String> {
+    EngineKind::parse(s).ok_or_else(|| "expected uring or psync".to_string())
+}
+
+/// The values of a tune grid's on/off knob: `true`, `false` or `both`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    Only(bool),
+    Both,
+}
+
+impl Choice {
+    pub fn values(self) -> Vec<bool> {
+        match self {
+            Choice::Only(b) => vec![b],
+            Choice::Both => vec![false, true],
         }
-        let v = item(part).map_err(|why| format!("{part:?}: {why}"))?;
+    }
+}
+
+/// `true`, `false` or `both` (also `true,false`) for the tune grids.
+pub fn parse_choice(s: &str) -> Result<Choice, String> {
+    if s.trim().eq_ignore_ascii_case("both") {
+        return Ok(Choice::Both);
+    }
+    let mut seen = Vec::new();
+    for part in s.split(',') {
+        let b = parse_bool(part).map_err(|_| "expected true, false or both".to_string())?;
+        if !seen.contains(&b) {
+            seen.push(b);
+        }
+    }
+    Ok(if seen.len() == 2 { Choice::Both } else { Choice::Only(seen[0]) })
+}
+
+/// Drops repeated items of a comma-separated list, keeping the first of each.
+pub fn dedup<T: PartialEq>(items: Vec<T>) -> Vec<T> {
+    let mut out = Vec::with_capacity(items.len());
+    for v in items {
         if !out.contains(&v) {
             out.push(v);
         }
     }
-    Ok(out)
+    out
 }
 
-/// `true`, `false` or `both` (also `true,false`) for the tune grids.
-pub fn parse_bool_choice(s: &str) -> Result<Vec<bool>, String> {
-    if s.trim().eq_ignore_ascii_case("both") {
-        return Ok(vec![false, true]);
-    }
-    parse_list(s, parse_bool)
-}
+// ---------------------------------------------------------------------------
+// Sizes for output
 
 /// Bytes as the shortest exact binary unit: `1 GiB`, `256 MiB`, `1.5 MiB`,
 /// `1000 B`.
@@ -278,21 +282,32 @@ mod tests {
         assert_eq!(parse_size("1MiB"), Ok(1 << 20));
         assert_eq!(parse_size("2GB"), Ok(2 << 30));
         assert_eq!(parse_size("1.5M"), Ok(3 << 19));
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
         assert!(parse_size("").is_err());
         assert!(parse_size("M").is_err());
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("1.1").is_err());
         assert!(parse_size("99999999999999T").is_err());
         assert_eq!(parse_positive_size("0"), Err("must be positive".into()));
+        assert_eq!(parse_positive_size_u64("1G"), Ok(1 << 30));
     }
 
     #[test]
-    fn lists_and_bools() {
-        assert_eq!(parse_list("128k,1M,1M", parse_size), Ok(vec![131072, 1 << 20]));
-        assert!(parse_list("1M,", parse_size).is_err());
-        assert_eq!(parse_bool_choice("both"), Ok(vec![false, true]));
-        assert_eq!(parse_bool_choice("true"), Ok(vec![true]));
+    fn counts_bools_engines_choices() {
+        assert_eq!(parse_count("8"), Ok(8));
+        assert!(parse_count("0").is_err());
+        assert!(parse_count("4k").is_err());
+        assert_eq!(parse_bool("on"), Ok(true));
         assert!(parse_bool("maybe").is_err());
+        assert_eq!(parse_engine("uring"), Ok(EngineKind::Uring));
+        assert_eq!(parse_engine("psync"), Ok(EngineKind::Psync));
+        assert!(parse_engine("libaio").is_err());
+        assert_eq!(parse_choice("both"), Ok(Choice::Both));
+        assert_eq!(parse_choice("true,false"), Ok(Choice::Both));
+        assert_eq!(parse_choice("true"), Ok(Choice::Only(true)));
+        assert_eq!(parse_choice("no").map(Choice::values), Ok(vec![false]));
+        assert!(parse_choice("sometimes").is_err());
+        assert_eq!(dedup(vec![131072, 1 << 20, 131072]), vec![131072, 1 << 20]);
     }
 
     #[test]
@@ -303,17 +318,5 @@ mod tests {
         assert_eq!(fmt_size_short(128 << 10), "128K");
         assert_eq!(fmt_size_short(1 << 20), "1M");
         assert_eq!(fmt_size_short(1000), "1000");
-    }
-
-    #[test]
-    fn cursor() {
-        let mut a = Args::new(vec!["--size=1G".into(), "--loops".into(), "3".into(), "-h".into(), "x".into()], "t");
-        assert_eq!(a.next_arg(), Some(Arg::Flag { name: "--size".into(), inline: Some("1G".into()) }));
-        assert_eq!(a.next_arg(), Some(Arg::Flag { name: "--loops".into(), inline: None }));
-        assert_eq!(a.value("--loops", None).unwrap(), "3");
-        assert_eq!(a.next_arg(), Some(Arg::Flag { name: "-h".into(), inline: None }));
-        assert_eq!(a.next_arg(), Some(Arg::Positional("x".into())));
-        assert_eq!(a.next_arg(), None);
-        assert!(a.value("--x", None).is_err());
     }
 }

@@ -4,120 +4,98 @@
 
 use std::path::Path;
 
-use crate::args::{fmt_size, fmt_size_short, parse_count, parse_positive_size, Arg, Args, CliError};
+use clap::Args;
+use serde::Serialize;
+
+use crate::args::{fmt_size, fmt_size_short, parse_bool, parse_count, parse_positive_size, CliError, Common, KNOBS, MOVE};
 use crate::core_api::Direction;
-use crate::json::Json;
 use crate::progress::{Progress, ProgressMode};
-use crate::runner::{self, BenchFile, Common, IoBuffer, Knobs, Summary, GB};
+use crate::runner::{self, BenchFile, IoBuffer, Knobs, Summary, GB};
 
 pub const DEFAULT_SIZE: u64 = 1 << 30;
 pub const DEFAULT_BUFFER: usize = 256 << 20;
 
-pub const USAGE: &str = "\
-Usage: deepnvme bench [OPTIONS]
+pub const ABOUT: &str = "Write then read a file with O_DIRECT and locked buffers; report GB/s and CPU seconds per GB";
 
+pub const LONG_ABOUT: &str = "\
 Writes and then reads a file with O_DIRECT through a DeepNVMe handle and
 locked buffers, and reports GB/s (1 GB = 10^9 bytes) and CPU seconds per GB
 (user + system time of the whole process) for each direction. The transfer
 is cut into ops of --buffer-size submitted at increasing offsets.
 
-Handle knobs (defaults are DeepSpeed's aio_handle() defaults):
-      --block-size SIZE        bytes per I/O request            [1M]
-      --queue-depth N          requests in flight per worker    [128]
-      --single-submit[=BOOL]   one submit syscall per request   [false]
-      --overlap-events[=BOOL]  keep the queue topped up         [false]
-      --parallelism N          intra_op_parallelism: workers    [1]
-                               (alias --intra-op-parallelism)
-      --no-single-submit, --no-overlap-events   set those to false
-      --engine uring|psync     transfer engine [DEEPNVME_ENGINE, else
-                               io_uring when it works, else psync]
-  Note: the ZeRO-Infinity \"aio\" config section has other defaults
-  (queue_depth 8, overlap_events true); pass them to measure those.
+Default: a 1 GiB temp file in the current directory, removed afterwards.
+Handle knobs default to DeepSpeed's aio_handle() defaults.";
 
-What to move:
-  -s, --size SIZE              bytes per pass [1G; with --read-only on an
-                               existing --file: the file's size]
-      --buffer-size SIZE       bytes per op (and locked buffer) [256M, or
-                               --size when smaller]
-  -f, --file PATH              use this file: an existing one is
-                               overwritten in place and never removed; a
-                               new one is removed afterwards unless --keep
-  -d, --dir DIR                put the temp file in DIR [current directory]
-      --keep                   do not remove the file the tool created
-  -n, --loops N                repeat the passes N times; report best and
-                               mean [1]
-      --read-only              only read
-      --write-only             only write
-      --no-prepare             time the first write into the new, empty
-                               file (includes block allocation); by default
-                               a file shorter than --size is first written
-                               once, untimed, so timed writes overwrite
+pub const AFTER_HELP: &str = "\
+Note: the ZeRO-Infinity \"aio\" config section has other defaults
+(queue_depth 8, overlap_events true); pass them to measure those.
 
-Output:
-      --json                   one JSON object on stdout instead of the table
-  -q, --quiet                  no progress on stderr
-      --progress               progress even when stderr is not a terminal
-  -h, --help                   this text
+SIZE takes a suffix k, M, G or T (powers of 1024): 4k, 1M, 1.5G.";
 
-SIZE takes a suffix k, M, G or T (powers of 1024): 4k, 1M, 1.5G.
-";
+/// `deepnvme bench`'s options. The shared ones are in [`Common`]; this
+/// command gives `--size` its own default and `--read-only` a rule.
+#[derive(Args, Debug)]
+#[command(mut_arg("size", |a| a.help("Bytes per pass [default: 1G; with --read-only on an existing --file: the file's size]")))]
+pub struct BenchArgs {
+    /// Bytes per I/O request [default: 1M]
+    #[arg(short, long, value_name = "SIZE", value_parser = parse_positive_size, help_heading = KNOBS)]
+    block_size: Option<usize>,
 
-struct BenchOptions {
-    knobs: Knobs,
+    /// Requests in flight per worker [default: 128]
+    #[arg(long, value_name = "N", value_parser = parse_count, help_heading = KNOBS)]
+    queue_depth: Option<usize>,
+
+    /// One submit syscall per request [default: false]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = parse_bool, overrides_with = "no_single_submit", help_heading = KNOBS)]
+    single_submit: Option<bool>,
+
+    /// Keep the queue topped up [default: false]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = parse_bool, overrides_with = "no_overlap_events", help_heading = KNOBS)]
+    overlap_events: Option<bool>,
+
+    /// intra_op_parallelism: worker threads per handle [default: 1]
+    #[arg(short, long, visible_alias = "intra-op-parallelism", value_name = "N", value_parser = parse_count,
+          help_heading = KNOBS)]
+    parallelism: Option<usize>,
+
+    /// --single-submit=false
+    #[arg(long, overrides_with = "single_submit", help_heading = KNOBS)]
+    no_single_submit: bool,
+
+    /// --overlap-events=false
+    #[arg(long, overrides_with = "overlap_events", help_heading = KNOBS)]
+    no_overlap_events: bool,
+
+    #[command(flatten)]
     common: Common,
+
+    /// Time the first write into the new, empty file (includes block allocation); by default a file
+    /// shorter than --size is first written once, untimed, so timed writes overwrite
+    #[arg(long, conflicts_with = "read_only", help_heading = MOVE)]
     no_prepare: bool,
 }
 
-fn parse(argv: Vec<String>) -> Result<Option<BenchOptions>, CliError> {
-    let mut args = Args::new(argv, "bench");
-    let mut knobs = Knobs::deepspeed_handle_defaults();
-    let mut common = Common::new();
-    let mut no_prepare = false;
-    while let Some(arg) = args.next_arg() {
-        let Arg::Flag { name, inline } = arg else { return Err(args.unknown(arg)) };
-        match name.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--block-size" | "-b" => knobs.block_size = args.parsed(&name, inline, parse_positive_size)?,
-            "--queue-depth" => knobs.queue_depth = args.parsed(&name, inline, parse_count)?,
-            "--parallelism" | "--intra-op-parallelism" | "-p" => {
-                knobs.parallelism = args.parsed(&name, inline, parse_count)?
-            }
-            "--single-submit" => knobs.single_submit = args.switch(&name, inline)?,
-            "--overlap-events" => knobs.overlap_events = args.switch(&name, inline)?,
-            "--no-single-submit" => {
-                args.no_value(&name, &inline)?;
-                knobs.single_submit = false
-            }
-            "--no-overlap-events" => {
-                args.no_value(&name, &inline)?;
-                knobs.overlap_events = false
-            }
-            "--no-prepare" => no_prepare = args.switch(&name, inline)?,
-            _ => {
-                if !common.parse_flag(&mut args, &name, inline)? {
-                    return Err(args.unknown(Arg::Flag { name, inline: None }));
-                }
-            }
+impl BenchArgs {
+    /// The knobs: DeepSpeed's handle defaults, overridden by the flags.
+    fn knobs(&self) -> Knobs {
+        let d = Knobs::deepspeed_handle_defaults();
+        Knobs {
+            block_size: self.block_size.unwrap_or(d.block_size),
+            queue_depth: self.queue_depth.unwrap_or(d.queue_depth),
+            single_submit: !self.no_single_submit && self.single_submit.unwrap_or(d.single_submit),
+            overlap_events: !self.no_overlap_events && self.overlap_events.unwrap_or(d.overlap_events),
+            parallelism: self.parallelism.unwrap_or(d.parallelism),
         }
     }
-    common.validate(&args)?;
-    knobs
-        .handle_config(common.engine)
-        .validate()
-        .map_err(|e| args.error(e.to_string().trim_start_matches("invalid argument: ").to_string()))?;
-    if no_prepare && common.read_only {
-        return Err(args.error("--no-prepare has no meaning with --read-only (reads need a written file)"));
-    }
-    Ok(Some(BenchOptions { knobs, common, no_prepare }))
 }
 
-/// Runs `deepnvme bench` with the arguments after the subcommand.
-pub fn main(argv: Vec<String>) -> Result<(), CliError> {
-    let Some(opts) = parse(argv)? else {
-        print!("{USAGE}");
-        return Ok(());
-    };
-    let BenchOptions { knobs, common, no_prepare } = opts;
+/// Runs `deepnvme bench`.
+pub fn main(args: BenchArgs) -> Result<(), CliError> {
+    let knobs = args.knobs();
+    let BenchArgs { common, no_prepare, .. } = args;
+    knobs.check(common.engine).map_err(|m| CliError::usage("bench", m))?;
     runner::install_interrupt_handler();
 
     let file = BenchFile::open(common.file.as_deref(), common.dir.as_deref(), common.keep, "bench")?;
@@ -188,7 +166,21 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
     drop(handle);
 
     if common.json {
-        println!("{}", to_json(&knobs, engine, &file, size, &buffer, &common, &writes, &reads).render(2));
+        print_json(&BenchReport {
+            command: "bench",
+            version: env!("CARGO_PKG_VERSION"),
+            engine,
+            file: path_str(file.path()),
+            file_removed: file.removed_after(),
+            size_bytes: size,
+            buffer_bytes: buffer.len(),
+            buffer_locked: buffer.locked(),
+            loops: common.loops,
+            gb_bytes: GB as u64,
+            knobs: KnobsJson::from(&knobs),
+            write: summary_json(&writes),
+            read: summary_json(&reads),
+        })?;
     } else {
         print_table(&writes, &reads, common.loops);
         if !file.removed_after() && !file.existed() {
@@ -239,54 +231,86 @@ fn print_table(writes: &Summary, reads: &Summary, loops: usize) {
     println!("(1 GB = 10^9 bytes; CPU = user + system time of all threads)");
 }
 
-#[allow(clippy::too_many_arguments)]
-fn to_json(
-    k: &Knobs,
-    engine: &str,
-    file: &BenchFile,
-    size: u64,
-    buffer: &IoBuffer,
-    common: &Common,
-    writes: &Summary,
-    reads: &Summary,
-) -> Json {
-    let mut out = Json::object()
-        .set("command", "bench")
-        .set("version", env!("CARGO_PKG_VERSION"))
-        .set("engine", engine)
-        .set("file", path_str(file.path()))
-        .set("file_removed", file.removed_after())
-        .set("size_bytes", size)
-        .set("buffer_bytes", buffer.len())
-        .set("buffer_locked", buffer.locked())
-        .set("loops", common.loops)
-        .set("gb_bytes", GB as u64)
-        .set("knobs", knobs_json(k));
-    for (name, s) in [("write", writes), ("read", reads)] {
-        if s.passes.is_empty() {
-            continue;
+/// `bench --json`: field names and order are the tool's output format.
+#[derive(Serialize)]
+struct BenchReport<'a> {
+    command: &'static str,
+    version: &'static str,
+    engine: &'a str,
+    file: String,
+    file_removed: bool,
+    size_bytes: u64,
+    buffer_bytes: usize,
+    buffer_locked: bool,
+    loops: usize,
+    gb_bytes: u64,
+    knobs: KnobsJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    write: Option<SummaryJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    read: Option<SummaryJson>,
+}
+
+/// The knobs of a measurement, as `bench --json` and `tune --json` name them.
+#[derive(Serialize)]
+pub struct KnobsJson {
+    block_size: usize,
+    queue_depth: usize,
+    single_submit: bool,
+    overlap_events: bool,
+    intra_op_parallelism: usize,
+}
+
+impl From<&Knobs> for KnobsJson {
+    fn from(k: &Knobs) -> KnobsJson {
+        KnobsJson {
+            block_size: k.block_size,
+            queue_depth: k.queue_depth,
+            single_submit: k.single_submit,
+            overlap_events: k.overlap_events,
+            intra_op_parallelism: k.parallelism,
         }
-        out = out.set(name, summary_json(s));
     }
-    out
 }
 
-pub fn knobs_json(k: &Knobs) -> Json {
-    Json::object()
-        .set("block_size", k.block_size)
-        .set("queue_depth", k.queue_depth)
-        .set("single_submit", k.single_submit)
-        .set("overlap_events", k.overlap_events)
-        .set("intra_op_parallelism", k.parallelism)
+/// One direction's passes: best and mean GB/s, CPU s/GB, and each pass's
+/// wall and CPU seconds. Non-finite numbers are written as `null`.
+#[derive(Serialize)]
+pub struct SummaryJson {
+    gb_per_s_best: f64,
+    gb_per_s_mean: f64,
+    cpu_s_per_gb: f64,
+    seconds: Vec<f64>,
+    cpu_seconds: Vec<f64>,
 }
 
-pub fn summary_json(s: &Summary) -> Json {
-    Json::object()
-        .set("gb_per_s_best", Json::rounded(s.best_gb_per_s(), 4))
-        .set("gb_per_s_mean", Json::rounded(s.mean_gb_per_s(), 4))
-        .set("cpu_s_per_gb", Json::rounded(s.cpu_per_gb(), 4))
-        .set("seconds", Json::Arr(s.passes.iter().map(|p| Json::rounded(p.secs, 6)).collect()))
-        .set("cpu_seconds", Json::Arr(s.passes.iter().map(|p| Json::rounded(p.cpu_secs, 6)).collect()))
+impl From<&Summary> for SummaryJson {
+    fn from(s: &Summary) -> SummaryJson {
+        SummaryJson {
+            gb_per_s_best: rounded(s.best_gb_per_s(), 4),
+            gb_per_s_mean: rounded(s.mean_gb_per_s(), 4),
+            cpu_s_per_gb: rounded(s.cpu_per_gb(), 4),
+            seconds: s.passes.iter().map(|p| rounded(p.secs, 6)).collect(),
+            cpu_seconds: s.passes.iter().map(|p| rounded(p.cpu_secs, 6)).collect(),
+        }
+    }
+}
+
+/// `v` rounded to `decimals` places, for readable output.
+pub fn rounded(v: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (v * scale).round() / scale
+}
+
+/// Prints `value` as indented JSON on stdout.
+pub fn print_json(value: &impl Serialize) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| CliError::Failed(format!("writing JSON: {e}")))?;
+    println!("{text}");
+    Ok(())
+}
+
+fn summary_json(s: &Summary) -> Option<SummaryJson> {
+    (!s.passes.is_empty()).then(|| SummaryJson::from(s))
 }
 
 pub fn path_str(p: &Path) -> String {
