@@ -14,7 +14,7 @@ cd "$ROOT"
 
 say() { printf '\n== %s\n' "$*"; }
 
-say "cargo test (Rust core)"
+say "cargo test (Rust core and the deepnvme CLI)"
 cargo test --all-targets
 
 # Where io_uring is blocked (Docker's default seccomp answers EPERM), the psync

@@ -3,61 +3,88 @@
 //! prints the best configuration as a DeepSpeed `"aio": {...}` config block,
 //! choosing it as DeepSpeed's `ds_nvme_tune` does (highest read + write GB/s).
 
-use deepnvme::Direction;
+use clap::Args;
+use serde::Serialize;
 
-use crate::args::{
-    fmt_size, fmt_size_short, parse_bool_choice, parse_count, parse_list, parse_positive_size, Arg, Args, CliError,
-};
-use crate::bench::{knobs_json, knobs_line, path_str, summary_json};
-use crate::json::Json;
+use crate::args::{dedup, fmt_size, fmt_size_short, parse_choice, parse_count, parse_positive_size, Choice, CliError, Common};
+use crate::bench::{knobs_line, path_str, print_json, rounded, KnobsJson, SummaryJson};
+use crate::core_api::Direction;
 use crate::progress::{Progress, ProgressMode};
-use crate::runner::{self, BenchFile, Common, IoBuffer, Knobs, Summary};
+use crate::runner::{self, BenchFile, IoBuffer, Knobs, Summary};
 
 pub const DEFAULT_SIZE: u64 = 256 << 20;
 const DEFAULT_BLOCKS: [usize; 4] = [128 << 10, 256 << 10, 1 << 20, 4 << 20];
 const DEFAULT_DEPTHS: [usize; 3] = [8, 32, 128];
 const DEFAULT_PARALLELISM: [usize; 4] = [1, 2, 4, 8];
-const DEFAULT_TOP: usize = 10;
 
-pub const USAGE: &str = "\
-Usage: deepnvme tune [OPTIONS]
+const GRIDS: &str = "Grids (comma-separated lists)";
 
+pub const ABOUT: &str = "Sweep the handle knobs; print a ranked table and the best DeepSpeed \"aio\" config block";
+
+pub const LONG_ABOUT: &str = "\
 Measures every combination of the handle knobs below on one file (write,
 then read, per point), prints the points ranked by read + write GB/s, the
 best for each direction, and the best overall as a DeepSpeed \"aio\" config
-block (the criterion of DeepSpeed's ds_nvme_tune).
+block (the criterion of DeepSpeed's ds_nvme_tune).";
 
-Grids (comma-separated lists):
-      --block-size LIST        [128K,256K,1M,4M]
-      --queue-depth LIST       [8,32,128]
-      --parallelism LIST       intra_op_parallelism [1,2,4,8, capped at
-                               twice the CPU count] (alias
-                               --intra-op-parallelism)
-      --single-submit[=CHOICE] true, false or both [both]
-      --overlap-events[=CHOICE] true, false or both [both]
-      --no-single-submit, --no-overlap-events   only false
-      --engine uring|psync     transfer engine [process default]
+pub const AFTER_HELP: &str = "\
+SIZE takes a suffix k, M, G or T (powers of 1024): 4k, 1M, 1.5G.
+A quick sweep: deepnvme tune --size 64M --block-size 1M --queue-depth 8,32";
 
-What to move (per point):
-  -s, --size SIZE              bytes per pass [256M]
-      --buffer-size SIZE       bytes per op [256M, or --size when smaller]
-  -f, --file PATH              use this file: an existing one is never
-                               removed; a new one is unless --keep
-  -d, --dir DIR                put the temp file in DIR [current directory]
-      --keep                   do not remove the file the tool created
-  -n, --loops N                measure each point N times, keep the best [1]
-      --read-only              rank by read GB/s only
-      --write-only             rank by write GB/s only
+/// `deepnvme tune`'s options: the grid, the shared options (with this
+/// command's defaults and meanings) and the table's length.
+#[derive(Args, Debug)]
+#[command(
+    mut_arg("size", |a| a.help("Bytes per pass [default: 256M]")),
+    mut_arg("buffer_size", |a| a.help("Bytes per op [default: 256M, or --size when smaller]")),
+    mut_arg("file", |a| a.help("Use this file: an existing one is never removed; a new one is unless --keep")),
+    mut_arg("engine", |a| a.help("Transfer engine [default: the process default]").help_heading(GRIDS)),
+    mut_arg("loops", |a| a.help("Measure each point N times, keep the best")),
+    mut_arg("read_only", |a| a.help("Rank by read GB/s only")),
+    mut_arg("write_only", |a| a.help("Rank by write GB/s only")),
+    mut_arg("json", |a| a.help("One JSON object on stdout instead of text")),
+)]
+pub struct TuneArgs {
+    /// Bytes per I/O request [default: 128K,256K,1M,4M]
+    #[arg(short, long, alias = "block-sizes", value_name = "LIST", value_delimiter = ',',
+          value_parser = parse_positive_size, help_heading = GRIDS)]
+    block_size: Vec<usize>,
 
-Output:
-      --top N                  rows of the ranked table, 0 = all [10]
-      --json                   one JSON object on stdout instead of text
-  -q, --quiet                  no progress on stderr
-      --progress               progress even when stderr is not a terminal
-  -h, --help                   this text
+    /// Requests in flight per worker [default: 8,32,128]
+    #[arg(long, alias = "queue-depths", value_name = "LIST", value_delimiter = ',', value_parser = parse_count,
+          help_heading = GRIDS)]
+    queue_depth: Vec<usize>,
 
-A quick sweep: deepnvme tune --size 64M --block-size 1M --queue-depth 8,32
-";
+    /// intra_op_parallelism: workers [default: 1,2,4,8, capped at twice the CPU count]
+    #[arg(short, long, visible_alias = "intra-op-parallelism", value_name = "LIST", value_delimiter = ',',
+          value_parser = parse_count, help_heading = GRIDS)]
+    parallelism: Vec<usize>,
+
+    /// One submit syscall per request: true, false or both [default: both]
+    #[arg(long, value_name = "CHOICE", num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = parse_choice, overrides_with = "no_single_submit", help_heading = GRIDS)]
+    single_submit: Option<Choice>,
+
+    /// Keep the queue topped up: true, false or both [default: both]
+    #[arg(long, value_name = "CHOICE", num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = parse_choice, overrides_with = "no_overlap_events", help_heading = GRIDS)]
+    overlap_events: Option<Choice>,
+
+    /// --single-submit=false
+    #[arg(long, overrides_with = "single_submit", help_heading = GRIDS)]
+    no_single_submit: bool,
+
+    /// --overlap-events=false
+    #[arg(long, overrides_with = "overlap_events", help_heading = GRIDS)]
+    no_overlap_events: bool,
+
+    #[command(flatten)]
+    common: Common,
+
+    /// Rows of the ranked table, 0 = all
+    #[arg(long, value_name = "N", default_value = "10", help_heading = crate::args::OUTPUT)]
+    top: usize,
+}
 
 struct Grid {
     blocks: Vec<usize>,
@@ -68,14 +95,20 @@ struct Grid {
 }
 
 impl Grid {
-    fn default_grid() -> Grid {
+    /// The flags' lists (repeats dropped), else the defaults.
+    fn from_args(a: &TuneArgs) -> Grid {
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let or = |v: &Vec<usize>, d: Vec<usize>| if v.is_empty() { d } else { dedup(v.clone()) };
+        let choice = |no: bool, c: Option<Choice>| if no { vec![false] } else { c.unwrap_or(Choice::Both).values() };
         Grid {
-            blocks: DEFAULT_BLOCKS.to_vec(),
-            depths: DEFAULT_DEPTHS.to_vec(),
-            parallelism: DEFAULT_PARALLELISM.iter().copied().filter(|&p| p == 1 || p <= 2 * cpus).collect(),
-            single_submit: vec![false, true],
-            overlap_events: vec![false, true],
+            blocks: or(&a.block_size, DEFAULT_BLOCKS.to_vec()),
+            depths: or(&a.queue_depth, DEFAULT_DEPTHS.to_vec()),
+            parallelism: or(
+                &a.parallelism,
+                DEFAULT_PARALLELISM.iter().copied().filter(|&p| p == 1 || p <= 2 * cpus).collect(),
+            ),
+            single_submit: choice(a.no_single_submit, a.single_submit),
+            overlap_events: choice(a.no_overlap_events, a.overlap_events),
         }
     }
 
@@ -94,63 +127,6 @@ impl Grid {
         }
         out
     }
-}
-
-struct TuneOptions {
-    grid: Grid,
-    common: Common,
-    top: usize,
-}
-
-fn parse(argv: Vec<String>) -> Result<Option<TuneOptions>, CliError> {
-    let mut args = Args::new(argv, "tune");
-    let mut grid = Grid::default_grid();
-    let mut common = Common::new();
-    let mut top = DEFAULT_TOP;
-    let choice = |args: &Args, name: &str, inline: Option<String>| -> Result<Vec<bool>, CliError> {
-        match inline {
-            None => Ok(vec![true]),
-            Some(v) => parse_bool_choice(&v).map_err(|why| args.error(format!("bad value {v:?} for {name}: {why}"))),
-        }
-    };
-    while let Some(arg) = args.next_arg() {
-        let Arg::Flag { name, inline } = arg else { return Err(args.unknown(arg)) };
-        match name.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--block-size" | "--block-sizes" | "-b" => {
-                grid.blocks = args.parsed(&name, inline, |v| parse_list(v, parse_positive_size))?
-            }
-            "--queue-depth" | "--queue-depths" => grid.depths = args.parsed(&name, inline, |v| parse_list(v, parse_count))?,
-            "--parallelism" | "--intra-op-parallelism" | "-p" => {
-                grid.parallelism = args.parsed(&name, inline, |v| parse_list(v, parse_count))?
-            }
-            "--single-submit" => grid.single_submit = choice(&args, &name, inline)?,
-            "--overlap-events" => grid.overlap_events = choice(&args, &name, inline)?,
-            "--no-single-submit" => {
-                args.no_value(&name, &inline)?;
-                grid.single_submit = vec![false]
-            }
-            "--no-overlap-events" => {
-                args.no_value(&name, &inline)?;
-                grid.overlap_events = vec![false]
-            }
-            "--top" => {
-                top = args.parsed(&name, inline, |v| v.trim().parse::<usize>().map_err(|_| "expected a count".into()))?
-            }
-            _ => {
-                if !common.parse_flag(&mut args, &name, inline)? {
-                    return Err(args.unknown(Arg::Flag { name, inline: None }));
-                }
-            }
-        }
-    }
-    common.validate(&args)?;
-    for k in grid.points() {
-        k.handle_config(common.engine)
-            .validate()
-            .map_err(|e| args.error(e.to_string().trim_start_matches("invalid argument: ").to_string()))?;
-    }
-    Ok(Some(TuneOptions { grid, common, top }))
 }
 
 /// One measured point: best pass of each direction.
@@ -174,12 +150,13 @@ impl Point {
     }
 }
 
-/// Runs `deepnvme tune` with the arguments after the subcommand.
-pub fn main(argv: Vec<String>) -> Result<(), CliError> {
-    let Some(TuneOptions { grid, common, top }) = parse(argv)? else {
-        print!("{USAGE}");
-        return Ok(());
-    };
+/// Runs `deepnvme tune`.
+pub fn main(args: TuneArgs) -> Result<(), CliError> {
+    let grid = Grid::from_args(&args);
+    let TuneArgs { common, top, .. } = args;
+    for k in grid.points() {
+        k.check(common.engine).map_err(|m| CliError::usage("tune", m))?;
+    }
     runner::install_interrupt_handler();
     let size = common.size.unwrap_or(DEFAULT_SIZE);
     let op_bytes = common.buffer_size.unwrap_or(crate::bench::DEFAULT_BUFFER).min(usize::try_from(size).unwrap_or(usize::MAX));
@@ -199,7 +176,7 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
     file.check_space(size)?;
     let buffer = IoBuffer::new(op_bytes)?;
     if let Some(why) = buffer.lock_error() {
-        eprintln!("deepnvme: {}", format!(
+        crate::progress::info(&format!(
             "could not lock the {} buffer ({why}); tuning with unlocked page-aligned memory",
             fmt_size(op_bytes as u64)
         ));
@@ -266,24 +243,23 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
     };
 
     if common.json {
-        let out = Json::object()
-            .set("command", "tune")
-            .set("version", env!("CARGO_PKG_VERSION"))
-            .set("engine", engine)
-            .set("file", path_str(file.path()))
-            .set("file_removed", file.removed_after())
-            .set("size_bytes", size)
-            .set("buffer_bytes", buffer.len())
-            .set("buffer_locked", buffer.locked())
-            .set("loops", common.loops)
-            .set("criterion", criterion(&common))
-            .set("points", Json::Arr(ranked.iter().map(|p| point_json(p)).collect()))
-            .set("best_read", best_read.map(point_json))
-            .set("best_write", best_write.map(point_json))
-            .set("best_overall", point_json(best))
-            .set("aio", aio_block(&best.knobs));
-        println!("{}", out.render(2));
-        return Ok(());
+        return print_json(&TuneReport {
+            command: "tune",
+            version: env!("CARGO_PKG_VERSION"),
+            engine,
+            file: path_str(file.path()),
+            file_removed: file.removed_after(),
+            size_bytes: size,
+            buffer_bytes: buffer.len(),
+            buffer_locked: buffer.locked(),
+            loops: common.loops,
+            criterion: criterion(&common),
+            points: ranked.iter().map(|p| PointJson::from(*p)).collect(),
+            best_read: best_read.map(PointJson::from),
+            best_write: best_write.map(PointJson::from),
+            best_overall: PointJson::from(best),
+            aio: AioBlock::from(&best.knobs),
+        });
     }
 
     let shown = if top == 0 { ranked.len() } else { top.min(ranked.len()) };
@@ -322,7 +298,7 @@ pub fn main(argv: Vec<String>) -> Result<(), CliError> {
         rate_cell(best.write.as_ref())
     );
     println!("DeepSpeed config:");
-    println!("{}", Json::object().set("aio", aio_block(&best.knobs)).render(2));
+    print_json(&DeepSpeedConfig { aio: AioBlock::from(&best.knobs) })?;
     Ok(())
 }
 
@@ -357,25 +333,75 @@ fn point_cells(p: &Point) -> String {
     s
 }
 
-fn point_json(p: &Point) -> Json {
-    let mut j = Json::object().set("knobs", knobs_json(&p.knobs)).set("score", Json::rounded(p.score(), 4));
-    if let Some(w) = &p.write {
-        j = j.set("write", summary_json(w));
+/// `tune --json`: field names and order are the tool's output format.
+#[derive(Serialize)]
+struct TuneReport<'a> {
+    command: &'static str,
+    version: &'static str,
+    engine: &'a str,
+    file: String,
+    file_removed: bool,
+    size_bytes: u64,
+    buffer_bytes: usize,
+    buffer_locked: bool,
+    loops: usize,
+    criterion: &'static str,
+    /// Ranked, best first.
+    points: Vec<PointJson>,
+    best_read: Option<PointJson>,
+    best_write: Option<PointJson>,
+    best_overall: PointJson,
+    aio: AioBlock,
+}
+
+#[derive(Serialize)]
+struct PointJson {
+    knobs: KnobsJson,
+    score: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    write: Option<SummaryJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    read: Option<SummaryJson>,
+}
+
+impl From<&Point> for PointJson {
+    fn from(p: &Point) -> PointJson {
+        PointJson {
+            knobs: KnobsJson::from(&p.knobs),
+            score: rounded(p.score(), 4),
+            write: p.write.as_ref().map(SummaryJson::from),
+            read: p.read.as_ref().map(SummaryJson::from),
+        }
     }
-    if let Some(r) = &p.read {
-        j = j.set("read", summary_json(r));
-    }
-    j
+}
+
+/// `{"aio": {...}}`, the section of a DeepSpeed config.
+#[derive(Serialize)]
+struct DeepSpeedConfig {
+    aio: AioBlock,
 }
 
 /// The DeepSpeed `"aio"` section for these knobs (its key names and order;
 /// booleans as JSON booleans, which DeepSpeed's config parser expects).
-fn aio_block(k: &Knobs) -> Json {
-    Json::object()
-        .set("block_size", k.block_size)
-        .set("queue_depth", k.queue_depth)
-        .set("intra_op_parallelism", k.parallelism)
-        .set("single_submit", k.single_submit)
-        .set("overlap_events", k.overlap_events)
-        .set("use_gds", false)
+#[derive(Serialize)]
+struct AioBlock {
+    block_size: usize,
+    queue_depth: usize,
+    intra_op_parallelism: usize,
+    single_submit: bool,
+    overlap_events: bool,
+    use_gds: bool,
+}
+
+impl From<&Knobs> for AioBlock {
+    fn from(k: &Knobs) -> AioBlock {
+        AioBlock {
+            block_size: k.block_size,
+            queue_depth: k.queue_depth,
+            intra_op_parallelism: k.parallelism,
+            single_submit: k.single_submit,
+            overlap_events: k.overlap_events,
+            use_gds: false,
+        }
+    }
 }

@@ -16,10 +16,11 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use deepnvme::pinned::{LockMode, PageAlignedBuffer};
-use deepnvme::{BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager};
-
-use crate::args::{fmt_size, parse_count, parse_positive_size, Args, CliError};
+use crate::args::{fmt_size, CliError};
+use crate::core_api::{
+    self, BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, LockMode, OpRequest, PageAlignedBuffer,
+    PinnedMemoryManager,
+};
 use crate::progress::Progress;
 
 /// GB as the tool reports it: 10^9 bytes (as fio's "GB/s" and disk vendors).
@@ -60,6 +61,14 @@ impl Knobs {
         }
     }
 
+    /// The handle's own checks of these knobs (positive, queue depth and
+    /// workers within limits), as a usage message.
+    pub fn check(&self, engine: Option<EngineKind>) -> Result<(), String> {
+        self.handle_config(engine)
+            .validate()
+            .map_err(|e| e.to_string().trim_start_matches("invalid argument: ").to_string())
+    }
+
     /// Creates a handle with these knobs (its workers and rings).
     pub fn open_handle(&self, engine: Option<EngineKind>) -> Result<IoHandle, CliError> {
         IoHandle::new(self.handle_config(engine)).map_err(|e| CliError::Failed(format!("creating the I/O handle: {e}")))
@@ -85,75 +94,6 @@ pub fn check_split(size: u64, op_bytes: u64, parallelism: usize) -> Result<(), S
         }
     }
     Ok(())
-}
-
-// ---------------------------------------------------------------------------
-// Options shared by bench and tune
-
-/// The options `bench` and `tune` both take: where the file is, how much to
-/// move, how many times, and how to report.
-#[derive(Clone, Debug, Default)]
-pub struct Common {
-    pub engine: Option<EngineKind>,
-    pub size: Option<u64>,
-    pub buffer_size: Option<usize>,
-    pub file: Option<PathBuf>,
-    pub dir: Option<PathBuf>,
-    pub keep: bool,
-    pub loops: usize,
-    pub read_only: bool,
-    pub write_only: bool,
-    pub json: bool,
-    pub quiet: bool,
-    pub progress: bool,
-}
-
-impl Common {
-    pub fn new() -> Common {
-        Common { loops: 1, ..Common::default() }
-    }
-
-    /// Takes `name` when it is one of the shared flags; returns whether it was.
-    pub fn parse_flag(&mut self, args: &mut Args, name: &str, inline: Option<String>) -> Result<bool, CliError> {
-        match name {
-            "--engine" => {
-                self.engine = Some(args.parsed(name, inline, |v| {
-                    EngineKind::parse(v).ok_or_else(|| "expected uring or psync".to_string())
-                })?)
-            }
-            "--size" | "-s" => self.size = Some(args.parsed(name, inline, |v| parse_positive_size(v).map(|n| n as u64))?),
-            "--buffer-size" => self.buffer_size = Some(args.parsed(name, inline, parse_positive_size)?),
-            "--file" | "-f" => self.file = Some(PathBuf::from(args.value(name, inline)?)),
-            "--dir" | "-d" => self.dir = Some(PathBuf::from(args.value(name, inline)?)),
-            "--loops" | "-n" => self.loops = args.parsed(name, inline, parse_count)?,
-            "--keep" => self.keep = args.switch(name, inline)?,
-            "--read-only" => self.read_only = args.switch(name, inline)?,
-            "--write-only" => self.write_only = args.switch(name, inline)?,
-            "--json" => self.json = args.switch(name, inline)?,
-            "--quiet" | "-q" => self.quiet = args.switch(name, inline)?,
-            "--progress" => self.progress = args.switch(name, inline)?,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
-    /// Cross-checks the shared flags once all are parsed.
-    pub fn validate(&self, args: &Args) -> Result<(), CliError> {
-        if self.read_only && self.write_only {
-            return Err(args.error("--read-only and --write-only exclude each other"));
-        }
-        if self.file.is_some() && self.dir.is_some() {
-            return Err(args.error("--file and --dir exclude each other (--dir picks where the temp file goes)"));
-        }
-        Ok(())
-    }
-
-    pub fn do_write(&self) -> bool {
-        !self.read_only
-    }
-    pub fn do_read(&self) -> bool {
-        !self.write_only
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -308,7 +248,7 @@ impl IoBuffer {
         let manager = PinnedMemoryManager::shared();
         let mut buf = match manager.alloc(len) {
             Ok(ptr) => IoBuffer { ptr, len, unlocked: None, lock_error: None },
-            Err(e @ deepnvme::Error::Lock { .. }) => {
+            Err(e) if core_api::is_lock_error(&e) => {
                 let fallback = PageAlignedBuffer::new(len, LockMode::None)
                     .map_err(|e| CliError::Failed(format!("allocating the {} I/O buffer: {e}", fmt_size(len as u64))))?;
                 let ptr = NonNull::new(fallback.as_ptr()).expect("mmap never returns null");
@@ -352,11 +292,12 @@ impl IoBuffer {
     /// The first `len` bytes as the handle sees them.
     pub fn desc(&self, len: usize) -> BufferDesc {
         assert!(len <= self.len, "op larger than the I/O buffer");
-        // SAFETY: the I/O buffer outlives every op the runner submits on it
-        // (each pass waits for its ops before the buffer can be dropped).
-        // Manager memory is recognised by address; the unlocked fallback
-        // is vouched for so the I/O still goes direct (see the type doc).
-        unsafe { BufferDesc::from_raw_parts(self.ptr.as_ptr(), len) }.pinned(self.unlocked.is_some())
+        // Manager memory is recognised by address; the unlocked fallback is
+        // vouched for so the I/O still goes direct (see the type doc).
+        // SAFETY: the first `len` bytes of memory this buffer owns until it
+        // drops; `run_pass` waits for every op before it returns, and no
+        // other code touches the buffer meanwhile.
+        unsafe { core_api::host_buffer(self.ptr.as_ptr(), len, self.unlocked.is_some()) }
     }
 }
 
@@ -429,7 +370,7 @@ pub fn run_pass(
             staging: None,
             validate: false,
         };
-        let fail = |e: deepnvme::Error| CliError::Failed(format!("{} pass failed: {e}", direction.verb()));
+        let fail = |e: core_api::Error| CliError::Failed(format!("{} pass failed: {e}", direction.verb()));
         handle.submit(request, true).map_err(fail)?;
         handle.wait().map_err(fail)?;
         done += len as u64;
@@ -494,6 +435,19 @@ pub fn interrupted() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `bench --help` states these defaults ("[default: 1M]" and so on).
+    #[test]
+    fn handle_defaults_are_deepspeeds() {
+        let k = Knobs::deepspeed_handle_defaults();
+        assert_eq!(
+            k,
+            Knobs { block_size: 1 << 20, queue_depth: 128, single_submit: false, overlap_events: false, parallelism: 1 }
+        );
+        assert!(k.check(None).is_ok());
+        let too_deep = Knobs { queue_depth: 40000, ..k }.check(None).unwrap_err();
+        assert!(too_deep.starts_with("queue_depth 40000"), "{too_deep}");
+    }
 
     #[test]
     fn split_rules() {

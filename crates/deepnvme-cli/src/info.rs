@@ -6,21 +6,61 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::args::{fmt_size, Arg, Args, CliError};
-use crate::json::Json;
+use clap::Args;
+use serde::Serialize;
 
-pub const USAGE: &str = "\
-Usage: deepnvme info [OPTIONS]
+use crate::args::{fmt_size, CliError};
+use crate::bench::print_json;
+use crate::core_api;
 
+pub const ABOUT: &str = "Engine in use, O_DIRECT alignment of a directory, RLIMIT_MEMLOCK";
+
+pub const LONG_ABOUT: &str = "\
 Shows the transfer engine this process would use (io_uring or psync, and
 why), the O_DIRECT alignment of the file system holding DIR (probed with a
 small temp file that is removed at once), RLIMIT_MEMLOCK, the page size and
-the CPU count.
+the CPU count.";
 
-  -d, --dir DIR      directory to probe [current directory]
-      --json         one JSON object on stdout instead of text
-  -h, --help         this text
-";
+/// `deepnvme info`'s options.
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    /// Directory to probe
+    #[arg(short, long, value_name = "DIR", default_value = ".")]
+    dir: PathBuf,
+
+    /// One JSON object on stdout instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+/// `info --json`: field names and order are the tool's output format. The
+/// `dio_*` fields are there only when O_DIRECT works, `o_direct_error` only
+/// when the probe failed (`o_direct` is then null).
+#[derive(Serialize)]
+struct InfoReport {
+    command: &'static str,
+    version: &'static str,
+    engine: String,
+    io_uring_available: bool,
+    io_uring_error: Option<String>,
+    deepnvme_engine_env: Option<String>,
+    dir: String,
+    o_direct: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dio_offset_align: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dio_memory_align: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dio_align_reported_by_statx: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    o_direct_error: Option<String>,
+    /// null when unlimited.
+    memlock_soft_bytes: Option<u64>,
+    memlock_hard_bytes: Option<u64>,
+    cap_ipc_lock: bool,
+    page_size: usize,
+    cpus: usize,
+}
 
 /// What probing a directory's file system found.
 enum Dio {
@@ -41,7 +81,7 @@ fn probe_dio(dir: &Path) -> Dio {
         .custom_flags(libc::O_DIRECT)
         .open(&path);
     let result = match opened {
-        Ok(f) => match deepnvme::dio_alignment(f.as_raw_fd()) {
+        Ok(f) => match core_api::dio_alignment(f.as_raw_fd()) {
             Some(a) => Dio::Aligned { offset: a.offset, memory: a.memory, reported: statx_reports_dio(f.as_raw_fd()) },
             None => Dio::Unsupported,
         },
@@ -88,63 +128,55 @@ fn fmt_limit(v: u64) -> String {
     }
 }
 
-/// Runs `deepnvme info` with the arguments after the subcommand.
-pub fn main(argv: Vec<String>) -> Result<(), CliError> {
-    let mut args = Args::new(argv, "info");
-    let mut dir = PathBuf::from(".");
-    let mut json = false;
-    while let Some(arg) = args.next_arg() {
-        let Arg::Flag { name, inline } = arg else { return Err(args.unknown(arg)) };
-        match name.as_str() {
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                return Ok(());
-            }
-            "--dir" | "-d" => dir = PathBuf::from(args.value(&name, inline)?),
-            "--json" => json = args.switch(&name, inline)?,
-            _ => return Err(args.unknown(Arg::Flag { name, inline: None })),
-        }
-    }
+/// Runs `deepnvme info`.
+pub fn main(args: InfoArgs) -> Result<(), CliError> {
+    let InfoArgs { dir, json } = args;
     if !dir.is_dir() {
         return Err(CliError::Failed(format!("{} is not a directory", dir.display())));
     }
 
-    let uring = deepnvme::io_uring_status();
-    let engine = deepnvme::default_engine();
+    let uring = core_api::io_uring_status();
+    let engine = core_api::default_engine();
     let env = std::env::var("DEEPNVME_ENGINE").ok().filter(|v| !v.trim().is_empty());
     let dio = probe_dio(&dir);
-    let (soft, hard) = deepnvme::pinned::memlock_limit();
+    let (soft, hard) = core_api::memlock_limit();
     let cap = has_cap_ipc_lock();
-    let page = deepnvme::pinned::page_size();
+    let page = core_api::page_size();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let dir_shown = std::fs::canonicalize(&dir).unwrap_or(dir.clone());
 
     if json {
-        let mut out = Json::object()
-            .set("command", "info")
-            .set("version", env!("CARGO_PKG_VERSION"))
-            .set("engine", engine.as_ref().map(|k| k.name().to_string()).unwrap_or_else(|e| format!("error: {e}")))
-            .set("io_uring_available", uring.is_ok())
-            .set("io_uring_error", uring.as_ref().err().cloned())
-            .set("deepnvme_engine_env", env.clone())
-            .set("dir", dir_shown.display().to_string());
-        out = match &dio {
-            Dio::Aligned { offset, memory, reported } => out
-                .set("o_direct", true)
-                .set("dio_offset_align", *offset)
-                .set("dio_memory_align", *memory)
-                .set("dio_align_reported_by_statx", *reported),
-            Dio::Unsupported => out.set("o_direct", false),
-            Dio::Unknown(why) => out.set("o_direct", Json::Null).set("o_direct_error", why.as_str()),
+        let limit = |v: u64| (!unlimited(v)).then_some(v);
+        let mut report = InfoReport {
+            command: "info",
+            version: env!("CARGO_PKG_VERSION"),
+            engine: engine.as_ref().map(|k| k.name().to_string()).unwrap_or_else(|e| format!("error: {e}")),
+            io_uring_available: uring.is_ok(),
+            io_uring_error: uring.as_ref().err().cloned(),
+            deepnvme_engine_env: env.clone(),
+            dir: dir_shown.display().to_string(),
+            o_direct: None,
+            dio_offset_align: None,
+            dio_memory_align: None,
+            dio_align_reported_by_statx: None,
+            o_direct_error: None,
+            memlock_soft_bytes: limit(soft),
+            memlock_hard_bytes: limit(hard),
+            cap_ipc_lock: cap,
+            page_size: page,
+            cpus,
         };
-        out = out
-            .set("memlock_soft_bytes", if unlimited(soft) { Json::Null } else { soft.into() })
-            .set("memlock_hard_bytes", if unlimited(hard) { Json::Null } else { hard.into() })
-            .set("cap_ipc_lock", cap)
-            .set("page_size", page)
-            .set("cpus", cpus);
-        println!("{}", out.render(2));
-        return Ok(());
+        match &dio {
+            Dio::Aligned { offset, memory, reported } => {
+                report.o_direct = Some(true);
+                report.dio_offset_align = Some(*offset);
+                report.dio_memory_align = Some(*memory);
+                report.dio_align_reported_by_statx = Some(*reported);
+            }
+            Dio::Unsupported => report.o_direct = Some(false),
+            Dio::Unknown(why) => report.o_direct_error = Some(why.clone()),
+        }
+        return print_json(&report);
     }
 
     println!("deepnvme {}", env!("CARGO_PKG_VERSION"));

@@ -1,0 +1,38 @@
+//! Every item of the core crate `deepnvme` that the CLI uses, in one place.
+//! The other modules import these from here and never name `deepnvme`
+//! themselves, so a change to the core's public API is a change to this file.
+
+pub use deepnvme::dio_alignment;
+pub use deepnvme::pinned::{memlock_limit, page_size, LockMode, PageAlignedBuffer};
+pub use deepnvme::{
+    BufferDesc, Direction, EngineKind, Error, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager,
+};
+
+/// Whether io_uring works in this process, and why not when it does not.
+pub fn io_uring_status() -> Result<(), String> {
+    deepnvme::io_uring_status()
+}
+
+/// The engine a handle gets when none is asked for (`DEEPNVME_ENGINE`, else
+/// io_uring when it works, else psync).
+pub fn default_engine() -> Result<EngineKind, Error> {
+    deepnvme::default_engine()
+}
+
+/// True when `e` says the memory could not be locked (RLIMIT_MEMLOCK).
+pub fn is_lock_error(e: &Error) -> bool {
+    matches!(e, Error::Lock { .. })
+}
+
+/// The op descriptor of `len` contiguous host bytes at `ptr`. `pinned`
+/// vouches that the memory may be used for direct I/O as it is (memory of
+/// the pinned manager is recognised by address without it).
+///
+/// # Safety
+/// `ptr..ptr + len` must be valid for reads and writes, and stay so (and not
+/// be touched by anything else) until the op that uses the descriptor has
+/// been waited for.
+pub unsafe fn host_buffer(ptr: *mut u8, len: usize, pinned: bool) -> BufferDesc {
+    // SAFETY: the caller upholds BufferDesc::from_raw_parts' contract (see above).
+    unsafe { BufferDesc::from_raw_parts(ptr, len) }.pinned(pinned)
+}

@@ -1,0 +1,272 @@
+//! The `deepnvme` binary as a user runs it: help, exit statuses, size
+//! suffixes, and the `--json` output of `info`, `bench` and `tune` (tiny
+//! runs in a temp dir under the target dir, a real file system for O_DIRECT).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_deepnvme");
+
+/// A directory under `CARGO_TARGET_TMPDIR`, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join("deepnvme-cli-tests")
+            .join(format!("{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("creating the test directory");
+        TempDir(path)
+    }
+
+    /// The names of the entries in the directory.
+    fn entries(&self) -> Vec<String> {
+        std::fs::read_dir(&self.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs the tool in `dir` with informational lines silenced.
+fn run_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .env("DEEPNVME_LOG", "quiet")
+        .env_remove("DEEPNVME_ENGINE")
+        .output()
+        .expect("running the deepnvme binary")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs a command that must succeed and print one JSON object.
+fn json_of(dir: &Path, args: &[&str]) -> Value {
+    let o = run_in(dir, args);
+    assert!(o.status.success(), "deepnvme {args:?} failed: {}{}", stdout(&o), stderr(&o));
+    serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("deepnvme {args:?}: not JSON ({e}): {}", stdout(&o)))
+}
+
+fn positive(v: &Value, what: &str) -> f64 {
+    let x = v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x.is_finite() && x > 0.0, "{what} = {x}");
+    x
+}
+
+#[test]
+fn help_lists_commands_and_options() {
+    let dir = TempDir::new("help");
+    let o = run_in(&dir.0, &["--help"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for word in ["bench", "tune", "info", "DEEPNVME_ENGINE"] {
+        assert!(stdout(&o).contains(word), "top-level help lacks {word}: {}", stdout(&o));
+    }
+    for (cmd, options) in [
+        ("bench", &["--block-size", "--queue-depth", "--single-submit", "--no-prepare", "--json", "SIZE takes a suffix"][..]),
+        ("tune", &["--block-size", "--overlap-events", "--top", "comma-separated"][..]),
+        ("info", &["--dir", "--json"][..]),
+    ] {
+        for help in [vec![cmd, "--help"], vec![cmd, "-h"], vec!["help", cmd]] {
+            let o = run_in(&dir.0, &help);
+            assert!(o.status.success(), "{help:?}: {}", stderr(&o));
+            let text = stdout(&o);
+            assert!(text.contains(&format!("Usage: deepnvme {cmd}")), "{help:?}: {text}");
+            for opt in options.iter().filter(|o| help[1] != "-h" || o.starts_with("--")) {
+                assert!(text.contains(opt), "{help:?} lacks {opt}: {text}");
+            }
+        }
+    }
+    let v = run_in(&dir.0, &["--version"]);
+    assert_eq!(stdout(&v).trim(), format!("deepnvme {}", env!("CARGO_PKG_VERSION")));
+    assert!(dir.entries().is_empty(), "help left files: {:?}", dir.entries());
+}
+
+#[test]
+fn bad_command_lines_exit_2_and_create_nothing() {
+    let dir = TempDir::new("usage");
+    for (args, says) in [
+        (&[][..], "Usage: deepnvme <COMMAND>"),
+        (&["frob"][..], "frob"),
+        (&["bench", "--size", "12Q"][..], "unknown size suffix"),
+        (&["bench", "--size", "0"][..], "must be positive"),
+        (&["bench", "--bogus"][..], "--bogus"),
+        (&["bench", "--read-only", "--write-only"][..], "cannot be used with"),
+        (&["bench", "--engine", "libaio"][..], "expected uring or psync"),
+        (&["bench", "--queue-depth", "40000", "--size", "4M"][..], "queue_depth 40000"),
+        (&["tune", "--single-submit=maybe"][..], "expected true, false or both"),
+        (&["tune", "--block-size", "1M,x"][..], "--block-size"),
+    ] {
+        let o = run_in(&dir.0, args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}{}", stdout(&o), stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?} should say {says:?}: {}", stderr(&o));
+    }
+    assert!(dir.entries().is_empty(), "usage errors left files: {:?}", dir.entries());
+}
+
+/// Sizes reach the tool with their suffixes applied: `--size 4M` with
+/// `--buffer-size 1M` makes 1 MiB ops, which 3 workers cannot share.
+#[test]
+fn size_suffixes_are_powers_of_1024() {
+    let dir = TempDir::new("sizes");
+    let o = run_in(&dir.0, &["bench", "--size", "4M", "--buffer-size", "1M", "--parallelism", "3"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is 1048576 bytes"), "{}", stderr(&o));
+    let o = run_in(&dir.0, &["bench", "--size", "1.5k", "--parallelism", "1024"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is 1536 bytes"), "{}", stderr(&o));
+    assert!(dir.entries().is_empty(), "the temp file was left: {:?}", dir.entries());
+}
+
+#[test]
+fn info_json_has_the_expected_keys() {
+    let dir = TempDir::new("info");
+    let j = json_of(&dir.0, &["info", "--json", "--dir", dir.0.to_str().unwrap()]);
+    assert_eq!(j["command"], "info");
+    assert_eq!(j["version"], env!("CARGO_PKG_VERSION"));
+    let engine = j["engine"].as_str().expect("engine is a string");
+    assert!(engine == "io_uring" || engine == "psync", "engine {engine}");
+    assert!(j["io_uring_available"].is_boolean());
+    assert_eq!(j["io_uring_available"].as_bool(), Some(j["io_uring_error"].is_null()));
+    assert!(j["deepnvme_engine_env"].is_null(), "DEEPNVME_ENGINE was removed from the environment");
+    assert_eq!(Path::new(j["dir"].as_str().unwrap()), std::fs::canonicalize(&dir.0).unwrap());
+    // The target dir is on a real file system: O_DIRECT works there.
+    assert_eq!(j["o_direct"], true, "{j}");
+    let offset = j["dio_offset_align"].as_u64().expect("dio_offset_align");
+    assert!(offset.is_power_of_two() && offset >= 1, "dio_offset_align {offset}");
+    assert!(j["dio_memory_align"].as_u64().is_some_and(|m| m.is_power_of_two()));
+    assert!(j["dio_align_reported_by_statx"].is_boolean());
+    assert!(j.get("o_direct_error").is_none());
+    for key in ["memlock_soft_bytes", "memlock_hard_bytes"] {
+        assert!(j[key].is_null() || j[key].is_u64(), "{key}: {}", j[key]);
+    }
+    assert!(j["cap_ipc_lock"].is_boolean());
+    assert!(j["page_size"].as_u64().is_some_and(|p| p >= 4096 && p.is_power_of_two()));
+    assert!(j["cpus"].as_u64().is_some_and(|n| n >= 1));
+    assert!(dir.entries().is_empty(), "the O_DIRECT probe file was left: {:?}", dir.entries());
+
+    let o = run_in(&dir.0, &["info", "--dir", "no-such-dir"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_json_reports_both_directions() {
+    for engine in ["uring", "psync"] {
+        let dir = TempDir::new("bench");
+        let j = json_of(
+            &dir.0,
+            &["bench", "--size", "4M", "--block-size", "256k", "--loops", "2", "--engine", engine, "--json", "-q"],
+        );
+        assert_eq!(j["command"], "bench");
+        if engine == "psync" || j["engine"] != "psync" {
+            // uring falls back to psync only where io_uring is blocked.
+            assert_eq!(j["engine"], if engine == "psync" { "psync" } else { "io_uring" });
+        }
+        assert_eq!(j["size_bytes"], 4 << 20);
+        assert_eq!(j["buffer_bytes"], 4 << 20, "the buffer shrinks to --size");
+        assert_eq!(j["loops"], 2);
+        assert_eq!(j["gb_bytes"], 1_000_000_000u64);
+        assert_eq!(j["file_removed"], true);
+        assert!(j["buffer_locked"].is_boolean());
+        let k = &j["knobs"];
+        assert_eq!(k["block_size"], 256 << 10);
+        assert_eq!(k["queue_depth"], 128);
+        assert_eq!(k["single_submit"], false);
+        assert_eq!(k["overlap_events"], false);
+        assert_eq!(k["intra_op_parallelism"], 1);
+        for d in ["write", "read"] {
+            let s = &j[d];
+            let best = positive(&s["gb_per_s_best"], "gb_per_s_best");
+            let mean = positive(&s["gb_per_s_mean"], "gb_per_s_mean");
+            assert!(mean <= best * 1.0001, "{d}: mean {mean} > best {best}");
+            assert!(s["cpu_s_per_gb"].as_f64().is_some_and(|c| c >= 0.0), "{d}: {s}");
+            let secs = s["seconds"].as_array().expect("seconds");
+            assert_eq!(secs.len(), 2, "one time per loop");
+            // Best GB/s is 4 MiB over the fastest pass, to the 4 decimals shown.
+            let fastest = secs.iter().map(|t| positive(t, "seconds")).fold(f64::INFINITY, f64::min);
+            let expect = (4u64 << 20) as f64 / 1e9 / fastest;
+            assert!((best - expect).abs() <= 1e-3 * expect + 1e-4, "{d}: best {best}, from seconds {expect}");
+            assert_eq!(s["cpu_seconds"].as_array().map(Vec::len), Some(2));
+        }
+        assert!(dir.entries().is_empty(), "the temp file was left: {:?}", dir.entries());
+    }
+}
+
+#[test]
+fn bench_one_direction_and_existing_file() {
+    let dir = TempDir::new("bench-file");
+    let file = dir.0.join("data.bin");
+    let f = file.to_str().unwrap();
+    let j = json_of(&dir.0, &["bench", "--file", f, "--size", "2M", "--write-only", "--json", "-q"]);
+    assert!(j.get("read").is_none() && j.get("write").is_some(), "{j}");
+    assert_eq!(j["file_removed"], true, "a file the tool created is removed");
+    assert!(!file.exists());
+
+    std::fs::write(&file, vec![7u8; 3 << 20]).unwrap();
+    // --read-only on an existing file reads all of it by default, and keeps it.
+    let j = json_of(&dir.0, &["bench", "--file", f, "--read-only", "--json", "-q"]);
+    assert!(j.get("write").is_none() && j.get("read").is_some(), "{j}");
+    assert_eq!(j["size_bytes"], 3 << 20);
+    assert_eq!(j["file_removed"], false);
+    assert_eq!(std::fs::read(&file).unwrap(), vec![7u8; 3 << 20], "a read-only run changed the file");
+}
+
+#[test]
+fn tune_ranks_points_and_prints_an_aio_block() {
+    let dir = TempDir::new("tune");
+    let grid = [
+        "tune", "--size", "2M", "--block-size", "256k,1M,1M", "--queue-depth", "8", "--parallelism", "1",
+        "--no-single-submit", "--overlap-events=false", "-q",
+    ];
+    let mut args = grid.to_vec();
+    args.push("--json");
+    let j = json_of(&dir.0, &args);
+    assert_eq!(j["command"], "tune");
+    assert_eq!(j["criterion"], "read + write GB/s");
+    let points = j["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2, "repeated list items are measured once");
+    let scores: Vec<f64> = points.iter().map(|p| positive(&p["score"], "score")).collect();
+    assert!(scores[0] >= scores[1], "points are ranked best first: {scores:?}");
+    for p in points {
+        let sum = positive(&p["read"]["gb_per_s_best"], "read") + positive(&p["write"]["gb_per_s_best"], "write");
+        assert!((sum - p["score"].as_f64().unwrap()).abs() < 1e-3, "score is read + write: {p}");
+    }
+    assert_eq!(j["best_overall"], points[0]);
+    let aio = j["aio"].as_object().expect("aio block");
+    let keys: Vec<&str> = aio.keys().map(String::as_str).collect();
+    let mut expected =
+        vec!["block_size", "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events", "use_gds"];
+    expected.sort_unstable();
+    let mut sorted = keys.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, expected);
+    assert_eq!(aio["block_size"], points[0]["knobs"]["block_size"]);
+    assert_eq!(aio["queue_depth"], 8);
+    assert_eq!(aio["single_submit"], false);
+    assert_eq!(aio["use_gds"], false);
+
+    // Text mode: the ranked table and the config block, which is JSON.
+    let o = run_in(&dir.0, &grid);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("Top 2 of 2 by read + write GB/s"), "{text}");
+    let block = text.split("DeepSpeed config:\n").nth(1).expect("a DeepSpeed config block");
+    let cfg: Value = serde_json::from_str(block).expect("the config block is JSON");
+    assert_eq!(cfg["aio"]["queue_depth"], 8);
+    assert!(dir.entries().is_empty(), "the temp file was left: {:?}", dir.entries());
+}
