@@ -120,11 +120,6 @@ pub(crate) fn clear_errno() {
     unsafe { *libc::__errno_location() = 0 };
 }
 
-/// "ENOENT (No such file or directory)"-style text for an errno.
-pub(crate) fn errno_text(e: i32) -> String {
-    format!("errno {e} ({})", std::io::Error::from_raw_os_error(e))
-}
-
 type FnInit = unsafe extern "C" fn(c_uint) -> c_int;
 type FnIntOut = unsafe extern "C" fn(*mut c_int) -> c_int;
 type FnDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
@@ -340,7 +335,7 @@ pub(crate) fn describe_status(call: &str, status: CuFileStatus, errno: i32, cuda
         }
     }
     if errno != 0 {
-        s.push_str(&format!("; {}", errno_text(errno)));
+        s.push_str(&format!("; errno {errno} ({})", crate::error::errno_text(errno)));
     }
     s
 }

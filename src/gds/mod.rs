@@ -51,9 +51,7 @@ use driver::{global, CoreGuard, CuFileOps, ProcessEnv};
 /// Runs `f`, turning a panic into an error message (nothing may unwind
 /// across the FFI boundary into C++ or Python).
 pub(crate) fn catch_panic_str<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
-        format!("internal error in deepnvme::gds (caught panic): {}", crate::error::panic_text(&*payload))
-    })
+    crate::error::catch_unwind_text(f).map_err(|text| format!("internal error in deepnvme::gds (caught panic): {text}"))
 }
 
 fn catch<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
