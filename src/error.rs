@@ -6,6 +6,8 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+use crate::gds::GdsError;
+
 /// Which way bytes move.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Direction {
@@ -89,7 +91,7 @@ pub enum Error {
     /// A copy between a caller buffer and a bounce buffer failed (torch glue).
     Copy(String),
     /// GPUDirect Storage (cuFile/CUDA) failure or absence.
-    Gds(String),
+    Gds(GdsError),
     /// Several ops failed in one `wait()`; the first is shown, the rest counted.
     Many { first: Box<Error>, more: usize },
 }
@@ -136,8 +138,15 @@ impl std::error::Error for Error {
         match self {
             Error::File { source, .. } | Error::Alloc { source, .. } => Some(source),
             Error::Many { first, .. } => Some(first.as_ref()),
+            Error::Gds(g) => Some(g),
             _ => None,
         }
+    }
+}
+
+impl From<GdsError> for Error {
+    fn from(g: GdsError) -> Self {
+        Error::Gds(g)
     }
 }
 

@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use deepnvme::gds::{self, GdsDriver, CUDA_LIB_ENV, CUFILE_ENV_PATH_JSON, CUFILE_LIB_ENV};
-use deepnvme::Error;
+use deepnvme::{Error, GdsError};
 
 const CHILD: &str = "DEEPNVME_GDS_TEST_CHILD";
 
@@ -87,7 +87,7 @@ fn say(key: &str, value: impl std::fmt::Display) {
     println!("RESULT:{key}={}", value.to_string().replace('\n', " "));
 }
 
-fn show<T>(r: &Result<T, String>) -> String {
+fn show<T>(r: &Result<T, GdsError>) -> String {
     match r {
         Ok(_) => "OK".to_string(),
         Err(e) => format!("ERR:{e}"),
@@ -145,7 +145,7 @@ fn child_entry() {
         "probe" => {
             let first = gds::probe();
             say("probe", show(&first));
-            say("probe_cached", gds::probe() == first);
+            say("probe_cached", show(&gds::probe()) == show(&first));
             say("summary", show(&gds::environment_summary()));
             say("open_count", GdsDriver::open_count());
         }

@@ -9,9 +9,10 @@ use std::os::fd::RawFd;
 
 use super::api::{cufile_op_errno, cufile_op_error_name, CuFileHandle, CUFILEOP_BASE_ERR};
 use super::driver::{Ctx, CurrentContext};
+use super::error::GdsError;
 use super::probe::Gpu;
 use super::registry::RegionMap;
-use crate::error::{errno_text, Direction, Error, Result, TransferError};
+use crate::error::{catch_unwind_text, errno_text, Direction, Error, Result, TransferError};
 use crate::file::{access_allows, fd_flags};
 
 /// Piece boundaries inside a transfer fall on multiples of this, so that a
@@ -204,7 +205,7 @@ struct FileHandle<'a> {
 }
 
 impl<'a> FileHandle<'a> {
-    fn acquire(gpu: &'a Gpu, fd: RawFd) -> std::result::Result<FileHandle<'a>, String> {
+    fn acquire(gpu: &'a Gpu, fd: RawFd) -> std::result::Result<FileHandle<'a>, GdsError> {
         let mut map = FILE_HANDLES.lock();
         if let Some((h, users)) = map.get_mut(&fd) {
             *users += 1;
@@ -333,7 +334,7 @@ pub(crate) fn run(
         }
         None => (t.device_ptr, 0, false),
     };
-    let _current = CurrentContext::enter(gpu, ctx).map_err(Error::Gds)?;
+    let _current = CurrentContext::enter(gpu, ctx)?;
     let handle = match FileHandle::acquire(gpu, t.fd) {
         Ok(h) => h,
         Err(e) => {
@@ -366,14 +367,14 @@ pub(crate) fn run(
                 .map(|(i, &piece)| {
                     let (job, piece_error) = (&job, &piece_error);
                     std::thread::Builder::new().name(format!("deepnvme-gds-{i}")).spawn_scoped(s, move || {
-                        super::catch_panic_str(|| {
+                        catch_unwind_text(|| {
                             // Each worker needs the device's context current (a new thread has none).
                             if let Err(e) = gpu.cuda.set_current(ctx.raw()) {
-                                return Err(piece_error(&piece, e));
+                                return Err(piece_error(&piece, e.to_string()));
                             }
                             job.run(piece)
                         })
-                        .unwrap_or_else(|panic| Err(piece_error(&piece, panic)))
+                        .unwrap_or_else(|panic| Err(piece_error(&piece, GdsError::Internal(panic).to_string())))
                     })
                 })
                 .collect();
