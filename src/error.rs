@@ -6,6 +6,8 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+use crate::gds::GdsError;
+
 /// Which way bytes move.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Direction {
@@ -89,7 +91,7 @@ pub enum Error {
     /// A copy between a caller buffer and a bounce buffer failed (torch glue).
     Copy(String),
     /// GPUDirect Storage (cuFile/CUDA) failure or absence.
-    Gds(String),
+    Gds(GdsError),
     /// Several ops failed in one `wait()`; the first is shown, the rest counted.
     Many { first: Box<Error>, more: usize },
 }
@@ -136,8 +138,15 @@ impl std::error::Error for Error {
         match self {
             Error::File { source, .. } | Error::Alloc { source, .. } => Some(source),
             Error::Many { first, .. } => Some(first.as_ref()),
+            Error::Gds(g) => Some(g),
             _ => None,
         }
+    }
+}
+
+impl From<GdsError> for Error {
+    fn from(g: GdsError) -> Self {
+        Error::Gds(g)
     }
 }
 
@@ -167,14 +176,17 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".to_string())
 }
 
+/// Runs `f`; a panic comes back as its text (see [`panic_text`]) instead
+/// of unwinding further.
+pub(crate) fn catch_unwind_text<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| panic_text(&*payload))
+}
+
 /// Runs `f`, turning a panic into `Error::Engine("internal error in
 /// {what}: ...")`: nothing may unwind into C++ or Python.
 #[cfg_attr(not(feature = "ffi"), allow(dead_code))]
 pub(crate) fn catch_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(payload) => Err(Error::Engine(format!("internal error in {what}: {}", panic_text(&*payload)))),
-    }
+    catch_unwind_text(f).unwrap_or_else(|text| Err(Error::Engine(format!("internal error in {what}: {text}"))))
 }
 
 /// The calling thread's errno.

@@ -93,13 +93,13 @@ fn memlock_rlimit() -> (u64, u64) {
 /// released meanwhile.
 #[pyfunction]
 fn gds_unavailable_reason(py: Python<'_>) -> Option<String> {
-    py.detach(crate::gds::probe).err()
+    py.detach(crate::gds::probe).err().map(|e| e.to_string())
 }
 
 /// Libraries, versions and devices GPUDirect Storage would use, or why not.
 #[pyfunction]
 fn gds_environment(py: Python<'_>) -> PyResult<String> {
-    py.detach(crate::gds::environment_summary).map_err(PyRuntimeError::new_err)
+    py.detach(crate::gds::environment_summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
 #[pymodule]

@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use deepnvme::gds::{self, GdsDriver, CUDA_LIB_ENV, CUFILE_ENV_PATH_JSON, CUFILE_LIB_ENV};
-use deepnvme::Error;
+use deepnvme::{Error, GdsError};
 
 const CHILD: &str = "DEEPNVME_GDS_TEST_CHILD";
 
@@ -87,10 +87,32 @@ fn say(key: &str, value: impl std::fmt::Display) {
     println!("RESULT:{key}={}", value.to_string().replace('\n', " "));
 }
 
-fn show<T>(r: &Result<T, String>) -> String {
+fn show<T>(r: &Result<T, GdsError>) -> String {
     match r {
         Ok(_) => "OK".to_string(),
         Err(e) => format!("ERR:{e}"),
+    }
+}
+
+/// The variant's name, for the parent to check.
+fn kind(e: &GdsError) -> &'static str {
+    match e {
+        GdsError::LibraryNotFound { .. } => "LibraryNotFound",
+        GdsError::MissingSymbol { .. } => "MissingSymbol",
+        GdsError::Several(_) => "Several",
+        GdsError::Cuda { .. } => "Cuda",
+        GdsError::NoDevice { .. } => "NoDevice",
+        GdsError::CuFile { .. } | GdsError::DriverOpen { .. } | GdsError::DirectIoSize { .. } => "CuFile",
+        _ => "other",
+    }
+}
+
+/// Whether `e` is, or holds, "libcuda was not found".
+fn names_missing_libcuda(e: &GdsError) -> bool {
+    match e {
+        GdsError::LibraryNotFound { library: gds::GdsLibrary::Cuda, .. } => true,
+        GdsError::Several(all) => all.iter().any(names_missing_libcuda),
+        _ => false,
     }
 }
 
@@ -101,6 +123,11 @@ fn child_acquire_cycle() {
         Err(e) => {
             say("acquire", format!("ERR:{e}"));
             say("acquire_is_gds_error", matches!(e, Error::Gds(_)));
+            say(
+                "acquire_source_is_the_gds_error",
+                std::error::Error::source(&e).and_then(|s| s.downcast_ref::<GdsError>()).is_some(),
+            );
+            say("acquire_names_missing_libcuda", matches!(&e, Error::Gds(g) if names_missing_libcuda(g)));
             say("open_count", GdsDriver::open_count());
         }
         Ok(g1) => {
@@ -145,7 +172,10 @@ fn child_entry() {
         "probe" => {
             let first = gds::probe();
             say("probe", show(&first));
-            say("probe_cached", gds::probe() == first);
+            say("probe_cached", show(&gds::probe()) == show(&first));
+            if let Err(e) = &first {
+                say("probe_kind", kind(e));
+            }
             say("summary", show(&gds::environment_summary()));
             say("open_count", GdsDriver::open_count());
         }
@@ -168,6 +198,7 @@ fn probe_names_libcufile_when_it_cannot_be_found() {
     assert!(p.contains("libcufile (cuFile"), "{p}");
     assert!(p.contains("/nonexistent/deepnvme/libcufile.so.0"), "{p}");
     assert!(p.contains("DEEPNVME_CUFILE_LIB is set, so only that was tried"), "{p}");
+    assert!(["LibraryNotFound", "Several"].contains(&c.result("probe_kind")), "{}", c.result("probe_kind"));
     assert_eq!(c.result("probe_cached"), "true");
     assert_eq!(c.result("open_count"), "0");
 }
@@ -207,6 +238,7 @@ fn probe_with_libcufile_but_no_driver_names_the_driver() {
         "names the libcufile found: {p}"
     );
     assert!(!p.contains("libcufile (cuFile, the GPUDirect Storage library) was not found"), "{p}");
+    assert_eq!(c.result("probe_kind"), "LibraryNotFound");
     assert!(c.result("summary").starts_with("ERR:"));
 }
 
@@ -257,6 +289,8 @@ fn acquire_fails_cleanly_without_a_gpu_and_leaves_nothing_behind() {
     assert!(a.starts_with("ERR:GPUDirect Storage: "), "{a}");
     assert!(a.contains("libcuda"), "{a}");
     assert_eq!(c.result("acquire_is_gds_error"), "true");
+    assert_eq!(c.result("acquire_source_is_the_gds_error"), "true");
+    assert_eq!(c.result("acquire_names_missing_libcuda"), "true");
     assert_eq!(c.result("open_count"), "0");
     assert_eq!(c.result("env_after_matches_before"), "true", "CUFILE_ENV_PATH_JSON not left set");
     assert!(is_empty_dir(&tmp), "no config directory left behind");

@@ -1,6 +1,6 @@
 //! The handful of CUDA driver and cuFile entry points GDS needs, resolved by
-//! hand from the loaded libraries (see [`super::dl`]), with messages for
-//! their status codes.
+//! hand from the loaded libraries (see [`super::dl`]), with names for their
+//! status codes; a failed call is a [`GdsError`].
 //!
 //! Return codes are read as plain integers, never as Rust enums: a library
 //! newer than cudarc's bindings may return a code those enums lack, and an
@@ -11,6 +11,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 use super::dl::{function, Library};
+use super::error::{CudaStatus, GdsError, GdsLibrary};
 
 /// `CUcontext`.
 pub(crate) type CuContext = *mut c_void;
@@ -120,11 +121,6 @@ pub(crate) fn clear_errno() {
     unsafe { *libc::__errno_location() = 0 };
 }
 
-/// "ENOENT (No such file or directory)"-style text for an errno.
-pub(crate) fn errno_text(e: i32) -> String {
-    format!("errno {e} ({})", std::io::Error::from_raw_os_error(e))
-}
-
 type FnInit = unsafe extern "C" fn(c_uint) -> c_int;
 type FnIntOut = unsafe extern "C" fn(*mut c_int) -> c_int;
 type FnDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
@@ -155,33 +151,39 @@ pub(crate) struct CudaApi {
     get_error_string: Option<FnErrText>,
 }
 
-fn need<F: Copy>(lib: &Library, path: &str, names: &[&str]) -> Result<F, String> {
+/// The first of `names` that `lib` (`library`, loaded from `path`) has.
+fn need<F: Copy>(lib: &Library, library: GdsLibrary, path: &str, names: &[&str]) -> Result<F, GdsError> {
     for n in names {
         // SAFETY: each caller pairs the symbol names with their C signature F.
         if let Some(f) = unsafe { function::<F>(lib, n) } {
             return Ok(f);
         }
     }
-    Err(format!("{path} lacks the symbol {} (the library is too old or not the real one)", names.join(" / ")))
+    Err(GdsError::MissingSymbol {
+        library,
+        path: path.to_string(),
+        symbols: names.iter().map(|n| n.to_string()).collect(),
+        other: None,
+    })
 }
 
 impl CudaApi {
-    pub fn load(lib: Library) -> Result<CudaApi, String> {
+    pub fn load(lib: Library) -> Result<CudaApi, GdsError> {
         let path = lib.path_of("cuInit").unwrap_or_else(|| lib.name.clone());
-        let p = path.as_str();
+        let (p, cuda) = (path.as_str(), GdsLibrary::Cuda);
         // SAFETY (every `function` call): the type aliases above are the C
         // signatures of these driver API entry points (cuda.h).
         Ok(CudaApi {
-            init: need(&lib, p, &["cuInit"])?,
+            init: need(&lib, cuda, p, &["cuInit"])?,
             driver_get_version: unsafe { function(&lib, "cuDriverGetVersion") },
-            device_get_count: need(&lib, p, &["cuDeviceGetCount"])?,
-            device_get: need(&lib, p, &["cuDeviceGet"])?,
+            device_get_count: need(&lib, cuda, p, &["cuDeviceGetCount"])?,
+            device_get: need(&lib, cuda, p, &["cuDeviceGet"])?,
             device_get_name: unsafe { function(&lib, "cuDeviceGetName") },
-            primary_ctx_retain: need(&lib, p, &["cuDevicePrimaryCtxRetain"])?,
-            primary_ctx_release: need(&lib, p, &["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"])?,
-            ctx_set_current: need(&lib, p, &["cuCtxSetCurrent"])?,
-            ctx_get_current: need(&lib, p, &["cuCtxGetCurrent"])?,
-            pointer_get_attribute: need(&lib, p, &["cuPointerGetAttribute"])?,
+            primary_ctx_retain: need(&lib, cuda, p, &["cuDevicePrimaryCtxRetain"])?,
+            primary_ctx_release: need(&lib, cuda, p, &["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"])?,
+            ctx_set_current: need(&lib, cuda, p, &["cuCtxSetCurrent"])?,
+            ctx_get_current: need(&lib, cuda, p, &["cuCtxGetCurrent"])?,
+            pointer_get_attribute: need(&lib, cuda, p, &["cuPointerGetAttribute"])?,
             get_error_name: unsafe { function(&lib, "cuGetErrorName") },
             get_error_string: unsafe { function(&lib, "cuGetErrorString") },
             path,
@@ -189,8 +191,9 @@ impl CudaApi {
         })
     }
 
-    /// "CUDA_ERROR_NO_DEVICE (100): no CUDA-capable device is detected".
-    pub fn describe(&self, code: c_int) -> String {
+    /// `code` with its name and text ("CUDA_ERROR_NO_DEVICE (100): no
+    /// CUDA-capable device is detected"), as far as the driver says.
+    pub fn status(&self, code: c_int) -> CudaStatus {
         let text = |f: Option<FnErrText>| -> Option<String> {
             let f = f?;
             let mut p: *const c_char = std::ptr::null();
@@ -201,24 +204,20 @@ impl CudaApi {
             // SAFETY: the driver returns a static NUL-terminated string.
             Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
         };
-        let name = text(self.get_error_name).unwrap_or_else(|| "CUDA_ERROR".to_string());
-        match text(self.get_error_string) {
-            Some(s) => format!("{name} ({code}): {s}"),
-            None => format!("{name} ({code})"),
-        }
+        CudaStatus { code, name: text(self.get_error_name), text: text(self.get_error_string) }
     }
 
-    fn check(&self, what: &str, code: c_int) -> Result<(), String> {
+    fn check(&self, call: impl FnOnce() -> String, code: c_int) -> Result<(), GdsError> {
         if code == CUDA_SUCCESS {
             Ok(())
         } else {
-            Err(format!("{what} failed: {}", self.describe(code)))
+            Err(GdsError::Cuda { call: call(), status: self.status(code), environment: None })
         }
     }
 
-    pub fn init(&self) -> Result<(), String> {
+    pub fn init(&self) -> Result<(), GdsError> {
         // SAFETY: cuInit(0) has no preconditions.
-        self.check("cuInit", unsafe { (self.init)(0) })
+        self.check(|| "cuInit".into(), unsafe { (self.init)(0) })
     }
 
     /// The driver's CUDA version as "13.0", when it says.
@@ -229,10 +228,10 @@ impl CudaApi {
         (unsafe { f(&mut v) } == CUDA_SUCCESS).then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
     }
 
-    pub fn device_count(&self) -> Result<i32, String> {
+    pub fn device_count(&self) -> Result<i32, GdsError> {
         let mut n: c_int = 0;
         // SAFETY: writes one int.
-        self.check("cuDeviceGetCount", unsafe { (self.device_get_count)(&mut n) })?;
+        self.check(|| "cuDeviceGetCount".into(), unsafe { (self.device_get_count)(&mut n) })?;
         Ok(n)
     }
 
@@ -248,45 +247,47 @@ impl CudaApi {
         Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
     }
 
-    fn device(&self, ordinal: i32) -> Result<c_int, String> {
+    fn device(&self, ordinal: i32) -> Result<c_int, GdsError> {
         let mut dev: c_int = 0;
         // SAFETY: writes one CUdevice.
-        self.check(&format!("cuDeviceGet({ordinal})"), unsafe { (self.device_get)(&mut dev, ordinal) })?;
+        self.check(|| format!("cuDeviceGet({ordinal})"), unsafe { (self.device_get)(&mut dev, ordinal) })?;
         Ok(dev)
     }
 
     /// Retains the primary context of device `ordinal` (the context torch
     /// and the CUDA runtime use). Pair with [`CudaApi::release_primary`].
-    pub fn retain_primary(&self, ordinal: i32) -> Result<CuContext, String> {
+    pub fn retain_primary(&self, ordinal: i32) -> Result<CuContext, GdsError> {
         let dev = self.device(ordinal)?;
         let mut ctx: CuContext = std::ptr::null_mut();
         // SAFETY: writes one CUcontext for a valid device.
-        self.check(&format!("cuDevicePrimaryCtxRetain(device {ordinal})"), unsafe {
+        self.check(|| format!("cuDevicePrimaryCtxRetain(device {ordinal})"), unsafe {
             (self.primary_ctx_retain)(&mut ctx, dev)
         })?;
         Ok(ctx)
     }
 
-    pub fn release_primary(&self, ordinal: i32) -> Result<(), String> {
+    pub fn release_primary(&self, ordinal: i32) -> Result<(), GdsError> {
         let dev = self.device(ordinal)?;
         // SAFETY: releases one retain taken by retain_primary.
-        self.check(&format!("cuDevicePrimaryCtxRelease(device {ordinal})"), unsafe { (self.primary_ctx_release)(dev) })
+        self.check(|| format!("cuDevicePrimaryCtxRelease(device {ordinal})"), unsafe {
+            (self.primary_ctx_release)(dev)
+        })
     }
 
-    pub fn current_context(&self) -> Result<CuContext, String> {
+    pub fn current_context(&self) -> Result<CuContext, GdsError> {
         let mut ctx: CuContext = std::ptr::null_mut();
         // SAFETY: writes one CUcontext (NULL when none is current).
-        self.check("cuCtxGetCurrent", unsafe { (self.ctx_get_current)(&mut ctx) })?;
+        self.check(|| "cuCtxGetCurrent".into(), unsafe { (self.ctx_get_current)(&mut ctx) })?;
         Ok(ctx)
     }
 
-    pub fn set_current(&self, ctx: CuContext) -> Result<(), String> {
+    pub fn set_current(&self, ctx: CuContext) -> Result<(), GdsError> {
         // SAFETY: ctx is NULL or a context this process retained.
-        self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx) })
+        self.check(|| "cuCtxSetCurrent".into(), unsafe { (self.ctx_set_current)(ctx) })
     }
 
     /// The ordinal of the device that owns the memory at `ptr`.
-    pub fn pointer_device(&self, ptr: u64) -> Result<i32, String> {
+    pub fn pointer_device(&self, ptr: u64) -> Result<i32, GdsError> {
         let mut ordinal: c_int = -1;
         // SAFETY: CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL writes one int.
         let rc = unsafe {
@@ -296,8 +297,8 @@ impl CudaApi {
                 ptr,
             )
         };
-        self.check(&format!("cuPointerGetAttribute(DEVICE_ORDINAL, {ptr:#x})"), rc)
-            .map_err(|e| format!("{e}; is {ptr:#x} CUDA device memory?"))?;
+        self.check(|| format!("cuPointerGetAttribute(DEVICE_ORDINAL, {ptr:#x})"), rc)
+            .map_err(|e| GdsError::UnknownMemory { ptr, source: Box::new(e) })?;
         Ok(ordinal)
     }
 }
@@ -329,37 +330,31 @@ pub(crate) struct CuFileApi {
     get_version: Option<FnGetVersion>,
 }
 
-/// A failed cuFile call: its status, the CUDA error inside it, and errno.
-pub(crate) fn describe_status(call: &str, status: CuFileStatus, errno: i32, cuda: Option<&CudaApi>) -> String {
-    let (name, meaning) = cufile_op_error_name(status.err as i64);
-    let mut s = format!("{call} failed: {name} ({}): {meaning}", status.err);
-    if status.err == CU_FILE_CUDA_DRIVER_ERROR || status.cu_err != 0 {
-        match cuda {
-            Some(c) => s.push_str(&format!("; CUDA: {}", c.describe(status.cu_err))),
-            None => s.push_str(&format!("; CUresult {}", status.cu_err)),
-        }
-    }
-    if errno != 0 {
-        s.push_str(&format!("; {}", errno_text(errno)));
-    }
-    s
+/// The error for a failed cuFile call: its status, the CUDA error inside
+/// it (named through `cuda` when at hand), and the errno it left.
+pub(crate) fn status_error(call: &str, status: CuFileStatus, errno: i32, cuda: Option<&CudaApi>) -> GdsError {
+    let cu = (status.err == CU_FILE_CUDA_DRIVER_ERROR || status.cu_err != 0).then(|| match cuda {
+        Some(c) => c.status(status.cu_err),
+        None => CudaStatus::code_only(status.cu_err),
+    });
+    GdsError::cufile(call, status.err, cu, errno)
 }
 
 impl CuFileApi {
-    pub fn load(lib: Library) -> Result<CuFileApi, String> {
+    pub fn load(lib: Library) -> Result<CuFileApi, GdsError> {
         let path = lib.path_of("cuFileDriverOpen").unwrap_or_else(|| lib.name.clone());
-        let p = path.as_str();
+        let (p, cufile) = (path.as_str(), GdsLibrary::CuFile);
         Ok(CuFileApi {
-            driver_open: need(&lib, p, &["cuFileDriverOpen"])?,
+            driver_open: need(&lib, cufile, p, &["cuFileDriverOpen"])?,
             // cufile.h maps cuFileDriverClose to cuFileDriverClose_v2 where it exists.
-            driver_close: need(&lib, p, &["cuFileDriverClose_v2", "cuFileDriverClose"])?,
-            set_max_direct_io_size: need(&lib, p, &["cuFileDriverSetMaxDirectIOSize"])?,
-            buf_register: need(&lib, p, &["cuFileBufRegister"])?,
-            buf_deregister: need(&lib, p, &["cuFileBufDeregister"])?,
-            handle_register: need(&lib, p, &["cuFileHandleRegister"])?,
-            handle_deregister: need(&lib, p, &["cuFileHandleDeregister"])?,
-            read: need(&lib, p, &["cuFileRead"])?,
-            write: need(&lib, p, &["cuFileWrite"])?,
+            driver_close: need(&lib, cufile, p, &["cuFileDriverClose_v2", "cuFileDriverClose"])?,
+            set_max_direct_io_size: need(&lib, cufile, p, &["cuFileDriverSetMaxDirectIOSize"])?,
+            buf_register: need(&lib, cufile, p, &["cuFileBufRegister"])?,
+            buf_deregister: need(&lib, cufile, p, &["cuFileBufDeregister"])?,
+            handle_register: need(&lib, cufile, p, &["cuFileHandleRegister"])?,
+            handle_deregister: need(&lib, cufile, p, &["cuFileHandleDeregister"])?,
+            read: need(&lib, cufile, p, &["cuFileRead"])?,
+            write: need(&lib, cufile, p, &["cuFileWrite"])?,
             // SAFETY: `CUfileError_t cuFileGetVersion(int *version)`.
             get_version: unsafe { function(&lib, "cuFileGetVersion") },
             path,
@@ -377,14 +372,19 @@ impl CuFileApi {
         (st.err == CU_FILE_SUCCESS && v > 0).then(|| format!("{}.{}.{}", v / 1000, (v % 1000) / 10, v % 10))
     }
 
-    fn call_status(&self, call: &str, f: impl FnOnce() -> CuFileStatus, cuda: Option<&CudaApi>) -> Result<(), String> {
+    fn call_status(
+        &self,
+        call: &str,
+        f: impl FnOnce() -> CuFileStatus,
+        cuda: Option<&CudaApi>,
+    ) -> Result<(), GdsError> {
         clear_errno();
         let st = f();
         let e = errno();
         if st.err == CU_FILE_SUCCESS {
             Ok(())
         } else {
-            Err(describe_status(call, st, e, cuda))
+            Err(status_error(call, st, e, cuda))
         }
     }
 
@@ -392,7 +392,7 @@ impl CuFileApi {
     /// the process (torch, say) had it open already (`CU_FILE_DRIVER_ALREADY_OPEN`).
     /// Never call it without a working libcuda and a device: libcufile 1.17
     /// spins forever in it when libcuda is missing.
-    pub fn driver_open(&self, cuda: &CudaApi) -> Result<bool, String> {
+    pub fn driver_open(&self, cuda: &CudaApi) -> Result<bool, GdsError> {
         clear_errno();
         // SAFETY: no arguments; the caller checked libcuda and the devices.
         let st = unsafe { (self.driver_open)() };
@@ -400,16 +400,16 @@ impl CuFileApi {
         match st.err {
             CU_FILE_SUCCESS => Ok(true),
             CU_FILE_DRIVER_ALREADY_OPEN => Ok(false),
-            _ => Err(describe_status("cuFileDriverOpen", st, e, Some(cuda))),
+            _ => Err(status_error("cuFileDriverOpen", st, e, Some(cuda))),
         }
     }
 
-    pub fn driver_close(&self, cuda: &CudaApi) -> Result<(), String> {
+    pub fn driver_close(&self, cuda: &CudaApi) -> Result<(), GdsError> {
         // SAFETY: no arguments.
         self.call_status("cuFileDriverClose", || unsafe { (self.driver_close)() }, Some(cuda))
     }
 
-    pub fn set_max_direct_io_size_kb(&self, kb: usize, cuda: &CudaApi) -> Result<(), String> {
+    pub fn set_max_direct_io_size_kb(&self, kb: usize, cuda: &CudaApi) -> Result<(), GdsError> {
         // SAFETY: a plain size argument.
         self.call_status(
             &format!("cuFileDriverSetMaxDirectIOSize({kb} KiB)"),
@@ -418,7 +418,7 @@ impl CuFileApi {
         )
     }
 
-    pub fn buf_register(&self, ptr: u64, len: usize, cuda: &CudaApi) -> Result<(), String> {
+    pub fn buf_register(&self, ptr: u64, len: usize, cuda: &CudaApi) -> Result<(), GdsError> {
         // SAFETY: cuFile checks the pointer against the CUDA driver itself.
         self.call_status(
             &format!("cuFileBufRegister({ptr:#x}, {len} bytes)"),
@@ -427,7 +427,7 @@ impl CuFileApi {
         )
     }
 
-    pub fn buf_deregister(&self, ptr: u64, cuda: &CudaApi) -> Result<(), String> {
+    pub fn buf_deregister(&self, ptr: u64, cuda: &CudaApi) -> Result<(), GdsError> {
         // SAFETY: as above.
         self.call_status(
             &format!("cuFileBufDeregister({ptr:#x})"),
@@ -437,7 +437,7 @@ impl CuFileApi {
     }
 
     /// `cuFileHandleRegister` for a Linux fd.
-    pub fn handle_register(&self, fd: c_int, cuda: &CudaApi) -> Result<CuFileHandle, String> {
+    pub fn handle_register(&self, fd: c_int, cuda: &CudaApi) -> Result<CuFileHandle, GdsError> {
         use cudarc::cufile::sys::{CUfileDescr_t, CUfileDescr_t__bindgen_ty_1, CUfileFileHandleType};
         let mut descr = CUfileDescr_t {
             type_: CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
@@ -492,12 +492,17 @@ mod tests {
 
     #[test]
     fn cufile_status_text_names_code_cuda_error_and_errno() {
-        let s = describe_status("cuFileDriverOpen", CuFileStatus { err: 5010, cu_err: 0 }, libc::ENOENT, None);
+        let s = status_error("cuFileDriverOpen", CuFileStatus { err: 5010, cu_err: 0 }, libc::ENOENT, None).to_string();
         assert!(s.contains("CU_FILE_NVFS_DRIVER_ERROR (5010)"), "{s}");
         assert!(s.contains("errno 2"), "{s}");
-        let s = describe_status("cuFileBufRegister", CuFileStatus { err: 5011, cu_err: 201 }, 0, None);
+        let e = status_error("cuFileBufRegister", CuFileStatus { err: 5011, cu_err: 201 }, 0, None);
+        let s = e.to_string();
         assert!(s.contains("CU_FILE_CUDA_DRIVER_ERROR") && s.contains("CUresult 201"), "{s}");
         assert!(!s.contains("errno"), "{s}");
+        assert!(matches!(e, GdsError::CuFile { code: 5011, cuda: Some(CudaStatus { code: 201, .. }), .. }));
+        // A CUDA status is named only when cuFile reports one.
+        let e = status_error("cuFileRead", CuFileStatus { err: 5030, cu_err: 0 }, 0, None);
+        assert!(matches!(e, GdsError::CuFile { cuda: None, errno: None, .. }), "{e:?}");
         let (name, _) = cufile_op_error_name(5999);
         assert_eq!(name, "CU_FILE_UNKNOWN_ERROR");
         assert_eq!(cufile_op_errno(5020), libc::EINVAL);

@@ -23,8 +23,11 @@ use std::io::Write;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use crate::knobs::{CUFILE_ENV_PATH_JSON, GDS_MIN_IO_THRESHOLD_SIZE_KB as MIN_IO_THRESHOLD_SIZE_KB};
+use super::error::GdsError;
+use crate::error::Error;
 use crate::knobs;
 
 /// The knobs the driver is opened with (those of the first handle).
@@ -48,15 +51,18 @@ impl DriverKnobs {
         self.block_size / 1024
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    /// [`Error::InvalidArgument`] ("GDS handle: ...") for a zero knob or a
+    /// block size under 1 KiB.
+    pub fn validate(&self) -> crate::Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(format!("GDS handle: {m}")));
         if self.queue_depth == 0 {
-            return Err("queue_depth must be at least 1".into());
+            return bad("queue_depth must be at least 1".into());
         }
         if self.intra_op_parallelism == 0 {
-            return Err("intra_op_parallelism must be at least 1".into());
+            return bad("intra_op_parallelism must be at least 1".into());
         }
         if self.block_size < knobs::GDS_MIN_BLOCK_SIZE {
-            return Err(format!(
+            return bad(format!(
                 "block_size = {} is below 1 KiB; cuFile's max direct-I/O size is block_size / 1024 KiB",
                 self.block_size
             ));
@@ -109,19 +115,22 @@ pub struct ConfigDir {
 impl ConfigDir {
     /// Creates `<base>/deepnvme-cufile-XXXXXX` (mode 0700) and writes
     /// `cufile.json` (mode 0600) into it.
-    pub fn create(base: &Path, knobs: &DriverKnobs) -> Result<ConfigDir, String> {
-        let template = base.join("deepnvme-cufile-XXXXXX");
-        let mut bytes = CString::new(template.clone().into_os_string().into_vec())
-            .map_err(|_| format!("{} contains a NUL byte", template.display()))?
+    pub fn create(base: &Path, knobs: &DriverKnobs) -> Result<ConfigDir, GdsError> {
+        let fail = |action: &'static str, path: &Path, e: std::io::Error| GdsError::Config {
+            action,
+            path: path.to_path_buf(),
+            source: Arc::new(e),
+        };
+        const MKDIR: &str = "creating a private directory for the cuFile config under";
+        let mut bytes = CString::new(base.join("deepnvme-cufile-XXXXXX").into_os_string().into_vec())
+            .map_err(|_| {
+                fail(MKDIR, base, std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path contains a NUL byte"))
+            })?
             .into_bytes_with_nul();
         // SAFETY: a writable NUL-terminated template ending in XXXXXX.
         let p = unsafe { libc::mkdtemp(bytes.as_mut_ptr() as *mut libc::c_char) };
         if p.is_null() {
-            let e = std::io::Error::last_os_error();
-            return Err(format!(
-                "creating a private directory for the cuFile config under {} failed: {e}",
-                base.display()
-            ));
+            return Err(fail(MKDIR, base, std::io::Error::last_os_error()));
         }
         bytes.pop(); // the NUL
         let dir = PathBuf::from(std::ffi::OsString::from_vec(bytes));
@@ -129,16 +138,19 @@ impl ConfigDir {
         let me = ConfigDir { file: dir.join("cufile.json"), dir };
         // mkdtemp uses 0700 already; say so explicitly whatever the umask did.
         std::fs::set_permissions(&me.dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("chmod 0700 {} failed: {e}", me.dir.display()))?;
-        let log_dir = me.dir.to_str().ok_or_else(|| format!("{} is not UTF-8", me.dir.display()))?;
+            .map_err(|e| fail("chmod 0700", &me.dir, e))?;
+        let log_dir = me.dir.to_str().ok_or_else(|| {
+            let e = std::io::Error::new(std::io::ErrorKind::InvalidData, "the path is not UTF-8");
+            fail("using as cuFile's log directory", &me.dir, e)
+        })?;
         let text = config_json(knobs, log_dir);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(&me.file)
-            .map_err(|e| format!("creating {} failed: {e}", me.file.display()))?;
-        f.write_all(text.as_bytes()).map_err(|e| format!("writing {} failed: {e}", me.file.display()))?;
+            .map_err(|e| fail("creating", &me.file, e))?;
+        f.write_all(text.as_bytes()).map_err(|e| fail("writing", &me.file, e))?;
         Ok(me)
     }
 
@@ -249,7 +261,16 @@ mod tests {
     #[test]
     fn an_unusable_base_is_an_error_not_a_panic() {
         let err = ConfigDir::create(Path::new("/nonexistent/deepnvme/base"), &DriverKnobs::DEFAULT).unwrap_err();
-        assert!(err.contains("/nonexistent/deepnvme/base"), "{err}");
+        match &err {
+            GdsError::Config { path, source, .. } => {
+                assert_eq!(path, Path::new("/nonexistent/deepnvme/base"));
+                assert_eq!(source.raw_os_error(), Some(libc::ENOENT));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(std::error::Error::source(&err).is_some());
+        let err = err.to_string();
+        assert!(err.contains("/nonexistent/deepnvme/base") && err.contains("private directory"), "{err}");
     }
 
     #[test]
@@ -264,6 +285,7 @@ mod tests {
         assert_eq!(DriverKnobs::DEFAULT.max_direct_io_kb(), 1024);
         assert!(DriverKnobs { queue_depth: 0, ..DriverKnobs::DEFAULT }.validate().is_err());
         assert!(DriverKnobs { intra_op_parallelism: 0, ..DriverKnobs::DEFAULT }.validate().is_err());
-        assert!(DriverKnobs { block_size: 512, ..DriverKnobs::DEFAULT }.validate().unwrap_err().contains("1 KiB"));
+        let e = DriverKnobs { block_size: 512, ..DriverKnobs::DEFAULT }.validate().unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("1 KiB") && m.starts_with("GDS handle: ")), "{e}");
     }
 }

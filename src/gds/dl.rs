@@ -3,13 +3,15 @@
 //! cudarc's dynamic loading panics when a library or a symbol is missing, and
 //! its list of names lacks `libcufile.so.0` (the soname every NVIDIA build of
 //! cuFile carries, and the one torch links against). Loading here turns every
-//! miss into an error message instead.
+//! miss into a [`LoadFailure`] instead.
 //!
 //! Libraries are never unloaded: libcufile and libcuda keep threads and
 //! global state that do not survive `dlclose`, and the process-wide driver
 //! keeps using them for the life of the process.
 
 use std::ffi::{c_void, CStr, CString};
+
+use super::error::LoadFailure;
 
 /// A loaded shared library. Dropping it does not unload it.
 pub(crate) struct Library {
@@ -42,15 +44,16 @@ impl Library {
     /// `dlopen(name, RTLD_NOW | RTLD_LOCAL)`. A bare name is searched the
     /// way the dynamic linker does (already-loaded objects by soname first,
     /// then RPATH/LD_LIBRARY_PATH/ld.so.cache); a name with a '/' is a path.
-    pub fn open(name: &str) -> Result<Library, String> {
-        let c = CString::new(name).map_err(|_| "the name contains a NUL byte".to_string())?;
+    pub fn open(name: &str) -> Result<Library, LoadFailure> {
+        let fail = |dlerror: String| LoadFailure { name: name.to_string(), dlerror };
+        let c = CString::new(name).map_err(|_| fail("the name contains a NUL byte".to_string()))?;
         // SAFETY: clears any stale error; dlopen gets a valid C string.
         let handle = unsafe {
             libc::dlerror();
             libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL)
         };
         if handle.is_null() {
-            return Err(dl_error(name));
+            return Err(fail(dl_error(name)));
         }
         Ok(Library { handle, name: name.to_string() })
     }
@@ -89,30 +92,17 @@ pub(crate) unsafe fn function<F: Copy>(lib: &Library, symbol: &str) -> Option<F>
     Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
 }
 
-/// Opens the first candidate that loads. On failure the message lists every
-/// name tried: those that simply were not found together, any other reason
-/// (a wrong architecture, a missing dependency) next to its name.
-pub(crate) fn open_first(candidates: &[String]) -> Result<Library, String> {
-    let mut not_found = Vec::new();
-    let mut other = Vec::new();
+/// Opens the first candidate that loads; on failure, why each one did not
+/// (in order).
+pub(crate) fn open_first(candidates: &[String]) -> Result<Library, Vec<LoadFailure>> {
+    let mut failures = Vec::new();
     for name in candidates {
         match Library::open(name) {
             Ok(lib) => return Ok(lib),
-            Err(why) if why.contains("No such file or directory") => not_found.push(name.as_str()),
-            Err(why) => other.push(format!("{name} ({why})")),
+            Err(why) => failures.push(why),
         }
     }
-    let mut parts = Vec::new();
-    if !not_found.is_empty() {
-        parts.push(format!("not found: {}", not_found.join(", ")));
-    }
-    if !other.is_empty() {
-        parts.push(format!("failed to load: {}", other.join(", ")));
-    }
-    if parts.is_empty() {
-        parts.push("no names to try".to_string());
-    }
-    Err(parts.join("; "))
+    Err(failures)
 }
 
 #[cfg(test)]
@@ -122,10 +112,12 @@ mod tests {
     #[test]
     fn open_first_lists_every_name_tried() {
         let names = vec!["libdeepnvme-nonexistent-a.so.0".to_string(), "/nonexistent/dir/libb.so".to_string()];
-        let err = open_first(&names).err().expect("bogus names must not load");
-        assert!(err.contains("libdeepnvme-nonexistent-a.so.0"), "{err}");
-        assert!(err.contains("/nonexistent/dir/libb.so"), "{err}");
-        assert!(err.starts_with("not found:"), "{err}");
+        let failures = open_first(&names).err().expect("bogus names must not load");
+        let tried: Vec<&str> = failures.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(tried, ["libdeepnvme-nonexistent-a.so.0", "/nonexistent/dir/libb.so"]);
+        assert!(failures.iter().all(|f| f.is_not_found()), "{failures:?}");
+        let err = super::super::error::describe_attempts(&failures);
+        assert!(err.starts_with("not found: libdeepnvme-nonexistent-a.so.0, /nonexistent/dir/libb.so"), "{err}");
     }
 
     #[test]
@@ -147,8 +139,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let fake = dir.join("libcufile.so.0");
         std::fs::write(&fake, b"not an ELF file").unwrap();
-        let err = open_first(&[fake.display().to_string()]).err().expect("garbage must not load");
+        let failures = open_first(&[fake.display().to_string()]).err().expect("garbage must not load");
         std::fs::remove_dir_all(&dir).ok();
+        assert!(!failures[0].is_not_found() && !failures[0].dlerror.is_empty(), "{failures:?}");
+        let err = super::super::error::describe_attempts(&failures);
         assert!(err.starts_with("failed to load:"), "{err}");
         assert!(err.contains("libcufile.so.0"), "{err}");
     }

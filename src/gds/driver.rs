@@ -15,19 +15,20 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use super::api::CuContext;
 use super::config::{ConfigDir, DriverKnobs, CUFILE_ENV_PATH_JSON};
+use super::error::GdsError;
 use super::probe::{environment, Gpu};
 use super::registry::{RegionMap, RegisterOutcome, Registrar};
 
 /// The cuFile driver calls (real: [`CuFileOps`]).
 pub(crate) trait DriverOps: Registrar + Send + Sync {
     /// Everything that must hold before `cuFileDriverOpen` may be called.
-    fn ready(&self) -> Result<(), String>;
+    fn ready(&self) -> Result<(), GdsError>;
     /// `Ok(true)`: opened; `Ok(false)`: it was open already (another user
     /// in the process), so it must not be closed by us.
-    fn open(&self) -> Result<bool, String>;
-    fn set_max_direct_io_kb(&self, kb: usize) -> Result<(), String>;
+    fn open(&self) -> Result<bool, GdsError>;
+    fn set_max_direct_io_kb(&self, kb: usize) -> Result<(), GdsError>;
     /// Releases per-device state, and closes the driver when `close_driver`.
-    fn close(&self, close_driver: bool) -> Result<(), String>;
+    fn close(&self, close_driver: bool) -> Result<(), GdsError>;
 }
 
 /// The environment variables the driver reads and sets.
@@ -143,8 +144,14 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
     }
 
     /// Takes a reference; the first one opens the driver with `knobs`.
-    pub fn acquire(&self, knobs: DriverKnobs) -> Result<CoreGuard<'_, D, E>, String> {
+    /// [`crate::Error::InvalidArgument`] for bad knobs, else [`crate::Error::Gds`].
+    pub fn acquire(&self, knobs: DriverKnobs) -> crate::Result<CoreGuard<'_, D, E>> {
         knobs.validate()?;
+        Ok(self.acquire_valid(knobs)?)
+    }
+
+    /// [`DriverCore::acquire`] for knobs known to be valid.
+    fn acquire_valid(&self, knobs: DriverKnobs) -> Result<CoreGuard<'_, D, E>, GdsError> {
         let mut st = self.state.lock();
         if st.refs == 0 {
             self.ops.ready()?;
@@ -165,7 +172,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
         Ok(CoreGuard { core: self })
     }
 
-    fn open_session(&self, knobs: DriverKnobs) -> Result<Session, String> {
+    fn open_session(&self, knobs: DriverKnobs) -> Result<Session, GdsError> {
         let (config, env_value) = match self.env.get(CUFILE_ENV_PATH_JSON) {
             Some(user) => {
                 crate::log::info_once(
@@ -206,11 +213,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
             Err(e) => {
                 let log = session.config.as_ref().map(|c| c.log_lines(12)).unwrap_or_default();
                 self.end_session(session);
-                let mut msg = e;
-                if !log.is_empty() {
-                    msg.push_str(&format!("; cuFile log: {}", log.join(" | ")));
-                }
-                return Err(msg);
+                return Err(GdsError::DriverOpen { source: Box::new(e), log });
             }
         }
         if !session.opened_by_us {
@@ -224,7 +227,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
         if let Err(e) = self.ops.set_max_direct_io_kb(kb) {
             self.close_driver(session.opened_by_us);
             self.end_session(session);
-            return Err(format!("{e} (block_size = {} bytes)", knobs.block_size));
+            return Err(GdsError::DirectIoSize { source: Box::new(e), block_size: knobs.block_size });
         }
         Ok(session)
     }
@@ -269,7 +272,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
             ));
         }
         for e in leftovers.1 {
-            crate::log::error(&e);
+            crate::log::error(&e.to_string());
         }
         let session = st.session.take();
         self.close_driver(session.as_ref().is_some_and(|s| s.opened_by_us));
@@ -282,21 +285,21 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
     /// driver itself is closed only when `opened_by_us`.
     fn close_driver(&self, opened_by_us: bool) {
         if let Err(e) = self.ops.close(opened_by_us) {
-            crate::log::error(&e);
+            crate::log::error(&e.to_string());
         }
     }
 
-    /// Opens the driver with `knobs` (as the first handle would) and closes
-    /// it again, unless it is open already. For [`super::probe`].
-    pub fn check_open(&self, knobs: DriverKnobs) -> Result<(), String> {
-        self.acquire(knobs).map(drop)
+    /// Opens the driver with DeepSpeed's default knobs (as a first handle
+    /// would) and closes it again, unless it is open already. For [`super::probe`].
+    pub fn check_open(&self) -> Result<(), GdsError> {
+        self.acquire_valid(DriverKnobs::DEFAULT).map(drop)
     }
 
-    pub fn register(&self, ptr: u64, len: usize) -> Result<RegisterOutcome, String> {
+    pub fn register(&self, ptr: u64, len: usize) -> Result<RegisterOutcome, GdsError> {
         self.regions.write().register(&self.ops, ptr, len)
     }
 
-    pub fn deregister(&self, ptr: u64) -> Result<bool, String> {
+    pub fn deregister(&self, ptr: u64) -> Result<bool, GdsError> {
         self.regions.write().deregister(&self.ops, ptr)
     }
 
@@ -327,7 +330,7 @@ pub(crate) struct CurrentContext<'a> {
 }
 
 impl<'a> CurrentContext<'a> {
-    pub fn enter(gpu: &'a Gpu, ctx: Ctx) -> Result<CurrentContext<'a>, String> {
+    pub fn enter(gpu: &'a Gpu, ctx: Ctx) -> Result<CurrentContext<'a>, GdsError> {
         let prev = gpu.cuda.current_context()?;
         if prev == ctx.0 {
             return Ok(CurrentContext { gpu, previous: None });
@@ -356,16 +359,16 @@ pub(crate) struct CuFileOps {
 }
 
 impl CuFileOps {
-    fn gpu(&self) -> Result<&'static Gpu, String> {
+    fn gpu(&self) -> Result<&'static Gpu, GdsError> {
         environment()
     }
 
     /// Device `ordinal`'s primary context, retained on first use and kept
     /// until the driver closes.
-    pub fn context(&self, ordinal: i32) -> Result<Ctx, String> {
+    pub fn context(&self, ordinal: i32) -> Result<Ctx, GdsError> {
         let gpu = self.gpu()?;
         if ordinal < 0 || ordinal >= gpu.devices {
-            return Err(format!("CUDA device {ordinal} does not exist ({} visible)", gpu.devices));
+            return Err(GdsError::NoSuchDevice { ordinal, visible: gpu.devices });
         }
         let mut map = self.contexts.lock();
         if let Some(c) = map.get(&ordinal) {
@@ -378,15 +381,15 @@ impl CuFileOps {
 }
 
 impl Registrar for CuFileOps {
-    fn device_of(&self, ptr: u64) -> Result<i32, String> {
+    fn device_of(&self, ptr: u64) -> Result<i32, GdsError> {
         self.gpu()?.cuda.pointer_device(ptr)
     }
-    fn register(&self, ptr: u64, len: usize, device: i32) -> Result<(), String> {
+    fn register(&self, ptr: u64, len: usize, device: i32) -> Result<(), GdsError> {
         let gpu = self.gpu()?;
         let _cur = CurrentContext::enter(gpu, self.context(device)?)?;
         gpu.cufile.buf_register(ptr, len, &gpu.cuda)
     }
-    fn deregister(&self, ptr: u64, device: i32) -> Result<(), String> {
+    fn deregister(&self, ptr: u64, device: i32) -> Result<(), GdsError> {
         let gpu = self.gpu()?;
         let _cur = CurrentContext::enter(gpu, self.context(device)?)?;
         gpu.cufile.buf_deregister(ptr, &gpu.cuda)
@@ -394,32 +397,30 @@ impl Registrar for CuFileOps {
 }
 
 impl DriverOps for CuFileOps {
-    fn ready(&self) -> Result<(), String> {
+    fn ready(&self) -> Result<(), GdsError> {
         self.gpu().map(|_| ())
     }
-    fn open(&self) -> Result<bool, String> {
+    fn open(&self) -> Result<bool, GdsError> {
         let gpu = self.gpu()?;
         gpu.cufile.driver_open(&gpu.cuda)
     }
-    fn set_max_direct_io_kb(&self, kb: usize) -> Result<(), String> {
+    fn set_max_direct_io_kb(&self, kb: usize) -> Result<(), GdsError> {
         let gpu = self.gpu()?;
         gpu.cufile.set_max_direct_io_size_kb(kb, &gpu.cuda)
     }
-    fn close(&self, close_driver: bool) -> Result<(), String> {
+    fn close(&self, close_driver: bool) -> Result<(), GdsError> {
         let gpu = self.gpu()?;
         let mut errors = Vec::new();
         if close_driver {
             errors.extend(gpu.cufile.driver_close(&gpu.cuda).err());
         }
         for (ordinal, _) in std::mem::take(&mut *self.contexts.lock()) {
-            if let Err(e) = gpu.cuda.release_primary(ordinal) {
-                errors.push(e);
-            }
+            errors.extend(gpu.cuda.release_primary(ordinal).err());
         }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors.join("; "))
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(GdsError::Several(errors)),
         }
     }
 }
@@ -444,9 +445,9 @@ mod tests {
     struct FakeOps {
         reg: FakeRegistrar,
         log: Mutex<Vec<String>>,
-        not_ready: Mutex<Option<String>>,
-        fail_open: Mutex<Option<String>>,
-        fail_size: Mutex<Option<String>>,
+        not_ready: Mutex<Option<GdsError>>,
+        fail_open: Mutex<Option<GdsError>>,
+        fail_size: Mutex<Option<GdsError>>,
         /// Someone else has the driver open (cuFileDriverOpen says ALREADY_OPEN).
         already_open: Mutex<bool>,
         /// What CUFILE_ENV_PATH_JSON held when open() ran.
@@ -455,25 +456,25 @@ mod tests {
     }
 
     impl Registrar for FakeOps {
-        fn device_of(&self, ptr: u64) -> Result<i32, String> {
+        fn device_of(&self, ptr: u64) -> Result<i32, GdsError> {
             self.reg.device_of(ptr)
         }
-        fn register(&self, ptr: u64, len: usize, device: i32) -> Result<(), String> {
+        fn register(&self, ptr: u64, len: usize, device: i32) -> Result<(), GdsError> {
             self.reg.register(ptr, len, device)
         }
-        fn deregister(&self, ptr: u64, device: i32) -> Result<(), String> {
+        fn deregister(&self, ptr: u64, device: i32) -> Result<(), GdsError> {
             self.reg.deregister(ptr, device)
         }
     }
 
     impl DriverOps for FakeOps {
-        fn ready(&self) -> Result<(), String> {
+        fn ready(&self) -> Result<(), GdsError> {
             match self.not_ready.lock().clone() {
                 Some(e) => Err(e),
                 None => Ok(()),
             }
         }
-        fn open(&self) -> Result<bool, String> {
+        fn open(&self) -> Result<bool, GdsError> {
             self.log.lock().push("open".into());
             if let Some(env) = self.env.lock().as_ref() {
                 let v = env.get(CUFILE_ENV_PATH_JSON);
@@ -492,14 +493,14 @@ mod tests {
                 None => Ok(!*self.already_open.lock()),
             }
         }
-        fn set_max_direct_io_kb(&self, kb: usize) -> Result<(), String> {
+        fn set_max_direct_io_kb(&self, kb: usize) -> Result<(), GdsError> {
             self.log.lock().push(format!("max_direct_io {kb}"));
             match self.fail_size.lock().clone() {
                 Some(e) => Err(e),
                 None => Ok(()),
             }
         }
-        fn close(&self, close_driver: bool) -> Result<(), String> {
+        fn close(&self, close_driver: bool) -> Result<(), GdsError> {
             self.log.lock().push(if close_driver { "close" } else { "release-only" }.into());
             Ok(())
         }
@@ -603,8 +604,16 @@ mod tests {
     #[test]
     fn a_failed_open_undoes_everything_and_quotes_the_cufile_log() {
         let (core, env, base) = setup("failopen");
-        *core.ops.fail_open.lock() = Some("cuFileDriverOpen failed: CU_FILE_NVFS_SETUP_ERROR (5033)".into());
+        *core.ops.fail_open.lock() = Some(GdsError::cufile("cuFileDriverOpen", 5033, None, 0));
         let err = core.acquire(DriverKnobs::DEFAULT).err().expect("open fails");
+        match &err {
+            crate::Error::Gds(GdsError::DriverOpen { source, log }) => {
+                assert!(matches!(**source, GdsError::CuFile { code: 5033, .. }), "{source:?}");
+                assert_eq!(log.len(), 1, "{log:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let err = err.to_string();
         assert!(err.contains("CU_FILE_NVFS_SETUP_ERROR"), "{err}");
         assert!(err.contains("cuFile log: NOTICE cuFile running in compatible mode"), "{err}");
         assert_eq!(core.refs(), 0);
@@ -621,8 +630,10 @@ mod tests {
     #[test]
     fn a_refused_direct_io_size_closes_again() {
         let (core, env, base) = setup("failsize");
-        *core.ops.fail_size.lock() = Some("cuFileDriverSetMaxDirectIOSize(1 KiB) failed".into());
+        *core.ops.fail_size.lock() = Some(GdsError::cufile("cuFileDriverSetMaxDirectIOSize(1 KiB)", 5022, None, 0));
         let err = core.acquire(DriverKnobs { block_size: 1024, ..DriverKnobs::DEFAULT }).err().unwrap();
+        assert!(matches!(err, crate::Error::Gds(GdsError::DirectIoSize { block_size: 1024, .. })), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains("block_size = 1024"), "{err}");
         assert_eq!(*core.ops.log.lock(), vec!["open", "max_direct_io 1", "close"]);
         assert_eq!(env.get(CUFILE_ENV_PATH_JSON), None);
@@ -633,14 +644,22 @@ mod tests {
     #[test]
     fn not_ready_means_nothing_is_written_or_opened() {
         let (core, env, base) = setup("notready");
-        *core.ops.not_ready.lock() = Some("libcuda (the NVIDIA driver's CUDA library) was not found".into());
+        *core.ops.not_ready.lock() = Some(GdsError::LibraryNotFound {
+            library: crate::gds::GdsLibrary::Cuda,
+            attempts: Vec::new(),
+            override_var: None,
+            other: None,
+        });
         let err = core.acquire(DriverKnobs::DEFAULT).err().unwrap();
+        assert!(matches!(err, crate::Error::Gds(GdsError::LibraryNotFound { .. })), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains("libcuda"), "{err}");
         assert!(core.ops.log.lock().is_empty(), "cuFileDriverOpen never called");
         assert_eq!(env.get(CUFILE_ENV_PATH_JSON), None);
         assert_eq!(entries(&base), 0);
         let err = core.acquire(DriverKnobs { queue_depth: 0, ..DriverKnobs::DEFAULT }).err().unwrap();
-        assert!(err.contains("queue_depth"), "{err}");
+        assert!(matches!(&err, crate::Error::InvalidArgument(m) if m.contains("queue_depth")), "{err:?}");
+        assert!(core.check_open().is_err(), "the probe's check says the same as acquire");
         std::fs::remove_dir_all(&base).ok();
     }
 
@@ -661,7 +680,7 @@ mod tests {
         let g = core.acquire(DriverKnobs::DEFAULT).unwrap();
         core.register(0x7000_0000_0000, 4096).unwrap();
         core.register(0x7000_0010_0000, 4096).unwrap();
-        assert_eq!(core.deregister(0x7000_0000_0000), Ok(true));
+        assert!(core.deregister(0x7000_0000_0000).unwrap());
         drop(g);
         assert!(core.regions().is_empty());
         let calls = core.ops.reg.calls.lock().clone();

@@ -31,6 +31,7 @@ mod api;
 mod config;
 mod dl;
 mod driver;
+mod error;
 mod probe;
 mod registry;
 mod transfer;
@@ -41,28 +42,28 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 pub use config::{ConfigDir, DriverKnobs, CUFILE_ENV_PATH_JSON, MIN_IO_THRESHOLD_SIZE_KB};
+pub use error::{CudaStatus, GdsError, GdsLibrary, LoadFailure, LoadedLibrary};
 pub use probe::{LibSearch, CUDA_LIB_ENV, CUFILE_LIB_ENV};
 pub use registry::{Region, RegionHit};
 pub use transfer::{plan_pieces, GdsTransfer, Piece, PIECE_ALIGN};
 
-use crate::error::{Error, Result};
+use crate::error::{catch_unwind_text, Error, Result};
 use driver::{global, CoreGuard, CuFileOps, ProcessEnv};
 
-/// Runs `f`, turning a panic into an error message (nothing may unwind
-/// across the FFI boundary into C++ or Python).
-pub(crate) fn catch_panic_str<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
-        format!("internal error in deepnvme::gds (caught panic): {}", crate::error::panic_text(&*payload))
-    })
+/// Runs `f`, turning a panic into [`GdsError::Internal`] (nothing may
+/// unwind across the FFI boundary into C++ or Python).
+pub(crate) fn catch_gds<T>(f: impl FnOnce() -> std::result::Result<T, GdsError>) -> std::result::Result<T, GdsError> {
+    catch_unwind_text(f).unwrap_or_else(|text| Err(GdsError::Internal(text)))
 }
 
+/// [`catch_gds`] for the entry points that return the crate's [`Result`].
 fn catch<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
-    catch_panic_str(f).unwrap_or_else(|m| Err(Error::Gds(m)))
+    catch_unwind_text(f).unwrap_or_else(|text| Err(GdsError::Internal(text).into()))
 }
 
 /// The error for a device request on a handle without GPUDirect Storage.
 pub(crate) fn unavailable(reason: String) -> Error {
-    Error::Gds(reason)
+    Error::Gds(GdsError::Unavailable(reason))
 }
 
 /// Adds cuFile's own explanation to a refused file registration: cuFile
@@ -89,22 +90,22 @@ fn with_cufile_log(e: Error, log: Vec<String>) -> Error {
 /// `Ok(())` when libcufile and libcuda load, `cuInit` succeeds, a CUDA
 /// device is visible and the cuFile driver opens (when no handle holds it
 /// open yet, it is opened with DeepSpeed's default knobs and closed again).
-/// Otherwise `Err` says precisely what is missing: the libcufile names tried
-/// (see [`LibSearch`]; `DEEPNVME_CUFILE_LIB` overrides them), libcuda / the
-/// NVIDIA driver, no device, or the `cuFileDriverOpen` status and errno.
+/// Otherwise the [`GdsError`] says precisely what is missing: the libcufile
+/// names tried (see [`LibSearch`]; `DEEPNVME_CUFILE_LIB` overrides them),
+/// libcuda / the NVIDIA driver, no device, or the `cuFileDriverOpen` status
+/// and errno.
 ///
 /// Checked once per process; later calls return the same answer. Never
 /// panics. May block for a while on the first call (driver open): call it
 /// without the GIL.
-pub fn probe() -> std::result::Result<(), String> {
-    static PROBE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+pub fn probe() -> std::result::Result<(), GdsError> {
+    static PROBE: OnceLock<std::result::Result<(), GdsError>> = OnceLock::new();
     PROBE
         .get_or_init(|| {
-            catch_panic_str(|| {
+            catch_gds(|| {
                 probe::environment()?;
-                global().check_open(DriverKnobs::DEFAULT)
+                global().check_open()
             })
-            .and_then(|r| r)
         })
         .clone()
 }
@@ -113,8 +114,8 @@ pub fn probe() -> std::result::Result<(), String> {
 /// devices, e.g. "libcufile 1.17.0 at /…/libcufile.so.0, libcuda at
 /// /usr/lib/…/libcuda.so.1 (driver CUDA 13.0); 1 device(s): NVIDIA H200".
 /// `Err` as for [`probe`] (without the driver-open step). Never panics.
-pub fn environment_summary() -> std::result::Result<String, String> {
-    catch_panic_str(|| probe::environment().map(|g| g.summary.clone())).and_then(|r| r)
+pub fn environment_summary() -> std::result::Result<String, GdsError> {
+    catch_gds(|| probe::environment().map(|g| g.summary.clone()))
 }
 
 /// The process-wide cuFile driver.
@@ -138,9 +139,7 @@ impl GdsDriver {
     pub fn acquire(queue_depth: usize, intra_op_parallelism: usize, block_size: usize) -> Result<GdsDriverGuard> {
         catch(|| {
             let knobs = DriverKnobs { queue_depth, intra_op_parallelism, block_size };
-            knobs.validate().map_err(|m| Error::InvalidArgument(format!("GDS handle: {m}")))?;
-            let guard = global().acquire(knobs).map_err(Error::Gds)?;
-            Ok(GdsDriverGuard { guard })
+            Ok(GdsDriverGuard { guard: global().acquire(knobs)? })
         })
     }
 
@@ -183,7 +182,7 @@ impl GdsDriverGuard {
     /// null pointer, a zero length, or memory CUDA does not know is an error.
     /// Waits for transfers in flight (they hold the table).
     pub fn register_device_buffer(&self, ptr: u64, len: usize) -> Result<()> {
-        catch(|| self.guard.core().register(ptr, len).map(drop).map_err(Error::Gds))
+        catch(|| Ok(self.guard.core().register(ptr, len).map(drop)?))
     }
 
     /// Deregisters the region based at `ptr` (`unpin_device_tensor`).
@@ -192,14 +191,14 @@ impl GdsDriverGuard {
     /// region but is not its base, or cuFile refused (the region is dropped
     /// from the table all the same). Waits for transfers in flight.
     pub fn deregister_device_buffer(&self, ptr: u64) -> Result<bool> {
-        catch(|| self.guard.core().deregister(ptr).map_err(Error::Gds))
+        catch(|| Ok(self.guard.core().deregister(ptr)?))
     }
 
     /// The registered region that wholly holds `[ptr, ptr + len)`, with the
     /// buffer's offset in it; `None` when there is none (transfers then go
     /// through cuFile's bounce buffers).
     pub fn registered_region(&self, ptr: u64, len: usize) -> Option<RegionHit> {
-        catch_panic_str(|| self.guard.core().regions().lookup(ptr, len)).ok().flatten()
+        catch_unwind_text(|| self.guard.core().regions().lookup(ptr, len)).ok().flatten()
     }
 
     /// Moves one transfer and returns when every byte has moved or it
@@ -224,9 +223,9 @@ impl GdsDriverGuard {
             if t.len == 0 {
                 return Ok(());
             }
-            let gpu = probe::environment().map_err(Error::Gds)?;
+            let gpu = probe::environment()?;
             let core = self.guard.core();
-            let ctx = core.ops.context(t.device_ordinal).map_err(Error::Gds)?;
+            let ctx = core.ops.context(t.device_ordinal)?;
             // The table stays read-locked for the whole transfer (deregistration waits),
             // and is let go before the driver state is read (lock order: state, then table).
             let result = transfer::run(gpu, ctx, &core.regions(), t, parallelism, block_size);
@@ -273,13 +272,27 @@ pub(crate) mod tests {
 
     #[test]
     fn panics_become_errors() {
-        let r: std::result::Result<(), String> = catch_panic_str(|| panic!("boom {}", 7));
-        assert!(r.unwrap_err().contains("boom 7"));
-        let r: Result<()> = catch(|| panic!("static str"));
+        let r: std::result::Result<(), GdsError> = catch_gds(|| panic!("boom {}", 7));
         match r {
-            Err(Error::Gds(m)) => assert!(m.contains("static str")),
+            Err(GdsError::Internal(m)) => assert_eq!(m, "boom 7"),
             other => panic!("{other:?}"),
         }
+        let r: Result<()> = catch(|| panic!("static str"));
+        match r {
+            Err(e @ Error::Gds(GdsError::Internal(_))) => {
+                assert_eq!(e.to_string(), "GPUDirect Storage: internal error in deepnvme::gds (caught panic): static str");
+                let source = std::error::Error::source(&e).expect("the GdsError is the source");
+                assert!(source.to_string().starts_with("internal error in deepnvme::gds"), "{source}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn unavailable_is_a_gds_error_with_its_reason() {
+        let e = unavailable("this gds_handle has no GPUDirect Storage: no GPU".into());
+        assert!(matches!(&e, Error::Gds(GdsError::Unavailable(r)) if r.ends_with("no GPU")), "{e:?}");
+        assert_eq!(e.to_string(), "GPUDirect Storage: this gds_handle has no GPUDirect Storage: no GPU");
     }
 
     #[test]
@@ -303,7 +316,7 @@ pub(crate) mod tests {
     #[test]
     fn bad_knobs_are_refused_before_any_library_is_touched() {
         match GdsDriver::acquire(0, 1, 1 << 20) {
-            Err(Error::InvalidArgument(m)) => assert!(m.contains("queue_depth"), "{m}"),
+            Err(Error::InvalidArgument(m)) => assert!(m.starts_with("GDS handle: queue_depth"), "{m}"),
             other => panic!("{other:?}"),
         }
         match GdsDriver::acquire(128, 1, 100) {

@@ -20,6 +20,7 @@ use std::sync::OnceLock;
 
 use super::api::{CuFileApi, CudaApi};
 use super::dl;
+use super::error::{GdsError, GdsLibrary, LoadedLibrary};
 
 pub use crate::knobs::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
 
@@ -28,7 +29,7 @@ pub use crate::knobs::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
 pub struct LibSearch {
     pub cufile: Vec<String>,
     pub cuda: Vec<String>,
-    /// Where each list came from, for messages ("DEEPNVME_CUFILE_LIB" or "default").
+    /// Where each list came from, for messages (`CUFILE_LIB_ENV` / `CUDA_LIB_ENV`, or "default").
     pub cufile_origin: &'static str,
     pub cuda_origin: &'static str,
 }
@@ -77,45 +78,40 @@ pub(crate) struct Gpu {
     pub summary: String,
 }
 
-fn load_cufile(search: &LibSearch) -> Result<CuFileApi, String> {
-    let lib = dl::open_first(&search.cufile).map_err(|why| {
-        let hint = if search.cufile_origin == "default" {
-            format!(
-                "install cuFile (the CUDA toolkit's libcufile, or `pip install nvidia-cufile-cu12`) and make it \
-                 findable through LD_LIBRARY_PATH, or set {CUFILE_LIB_ENV}=/path/to/libcufile.so.0"
-            )
-        } else {
-            format!("{CUFILE_LIB_ENV} is set, so only that was tried")
-        };
-        format!("libcufile (cuFile, the GPUDirect Storage library) was not found ({why}); {hint}")
-    })?;
-    CuFileApi::load(lib)
+/// The first of `names` that loads, or which library is missing and why
+/// each name failed. `origin` is the variable that chose the names, or "default".
+fn open_library(library: GdsLibrary, names: &[String], origin: &'static str) -> Result<dl::Library, GdsError> {
+    dl::open_first(names).map_err(|attempts| GdsError::LibraryNotFound {
+        library,
+        attempts,
+        override_var: (origin != "default").then_some(origin),
+        other: None,
+    })
 }
 
-fn load_cuda(search: &LibSearch) -> Result<CudaApi, String> {
-    let lib = dl::open_first(&search.cuda).map_err(|why| {
-        let hint = if search.cuda_origin == "default" {
-            "is the NVIDIA driver installed, and its libcuda.so.1 visible in this container?".to_string()
-        } else {
-            format!("{CUDA_LIB_ENV} is set, so only that was tried")
-        };
-        format!("libcuda (the NVIDIA driver's CUDA library) was not found ({why}); {hint}")
-    })?;
-    CudaApi::load(lib)
+fn load_cufile(search: &LibSearch) -> Result<CuFileApi, GdsError> {
+    CuFileApi::load(open_library(GdsLibrary::CuFile, &search.cufile, search.cufile_origin)?)
+}
+
+fn load_cuda(search: &LibSearch) -> Result<CudaApi, GdsError> {
+    CudaApi::load(open_library(GdsLibrary::Cuda, &search.cuda, search.cuda_origin)?)
 }
 
 /// Loads both libraries and checks for a device, without opening the cuFile
 /// driver. Every problem found is named; when both libraries are missing the
 /// message says so for each.
-pub(crate) fn check_environment(search: &LibSearch) -> Result<Gpu, String> {
+pub(crate) fn check_environment(search: &LibSearch) -> Result<Gpu, GdsError> {
     let cufile = load_cufile(search);
     let cuda = load_cuda(search);
     let (cufile, cuda) = match (cufile, cuda) {
         (Ok(f), Ok(c)) => (f, c),
-        (Err(f), Err(c)) => return Err(format!("{f}; {c}")),
-        (Err(f), Ok(c)) => return Err(format!("{f} (libcuda is at {})", c.path)),
+        (Err(f), Err(c)) => return Err(GdsError::Several(vec![f, c])),
+        (Err(f), Ok(c)) => {
+            return Err(f.with_other_library(LoadedLibrary { library: GdsLibrary::Cuda, path: c.path, version: None }))
+        }
         (Ok(f), Err(c)) => {
-            return Err(format!("{c} (libcufile {}is at {})", f.version().map(|v| v + " ").unwrap_or_default(), f.path))
+            let version = f.version();
+            return Err(c.with_other_library(LoadedLibrary { library: GdsLibrary::CuFile, path: f.path, version }));
         }
     };
     let found = format!(
@@ -125,12 +121,10 @@ pub(crate) fn check_environment(search: &LibSearch) -> Result<Gpu, String> {
         cuda.path,
         cuda.driver_version().map(|v| format!(" (driver CUDA {v})")).unwrap_or_default()
     );
-    cuda.init().map_err(|e| format!("the NVIDIA driver is not usable: {e} ({found})"))?;
-    let devices = cuda.device_count().map_err(|e| format!("{e} ({found})"))?;
+    cuda.init().map_err(|e| e.with_environment(&found))?;
+    let devices = cuda.device_count().map_err(|e| e.with_environment(&found))?;
     if devices < 1 {
-        return Err(format!(
-            "no CUDA device is visible (cuDeviceGetCount = {devices}; check CUDA_VISIBLE_DEVICES) ({found})"
-        ));
+        return Err(GdsError::NoDevice { count: devices, environment: found });
     }
     let names: Vec<String> =
         (0..devices).map(|d| cuda.device_name(d).unwrap_or_else(|| format!("device {d}"))).collect();
@@ -139,9 +133,9 @@ pub(crate) fn check_environment(search: &LibSearch) -> Result<Gpu, String> {
 }
 
 /// The process's libraries and devices, checked once.
-pub(crate) fn environment() -> Result<&'static Gpu, String> {
-    static ENV: OnceLock<Result<Gpu, String>> = OnceLock::new();
-    match ENV.get_or_init(|| super::catch_panic_str(|| check_environment(&LibSearch::from_env())).and_then(|r| r)) {
+pub(crate) fn environment() -> Result<&'static Gpu, GdsError> {
+    static ENV: OnceLock<Result<Gpu, GdsError>> = OnceLock::new();
+    match ENV.get_or_init(|| super::catch_gds(|| check_environment(&LibSearch::from_env()))) {
         Ok(g) => Ok(g),
         Err(e) => Err(e.clone()),
     }
@@ -177,6 +171,17 @@ mod tests {
             cuda_origin: "default",
         };
         let err = check_environment(&search).err().expect("bogus names cannot load");
+        match &err {
+            GdsError::Several(both) => {
+                assert!(
+                    matches!(&both[0], GdsError::LibraryNotFound { library: GdsLibrary::CuFile, attempts, override_var: None, .. } if attempts.len() == 2),
+                    "{err:?}"
+                );
+                assert!(matches!(&both[1], GdsError::LibraryNotFound { library: GdsLibrary::Cuda, .. }), "{err:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let err = err.to_string();
         assert!(err.contains("libcufile (cuFile"), "{err}");
         assert!(err.contains("libcufile-deepnvme-bogus.so.0") && err.contains("/nonexistent/libcufile.so"), "{err}");
         assert!(err.contains("libcuda (the NVIDIA driver"), "{err}");
@@ -193,6 +198,16 @@ mod tests {
             cuda_origin: CUDA_LIB_ENV,
         };
         let err = check_environment(&search).err().expect("must fail");
+        match &err {
+            GdsError::Several(both) => {
+                assert!(matches!(&both[0], GdsError::LibraryNotFound { override_var: Some(CUFILE_LIB_ENV), .. }));
+                assert!(
+                    matches!(&both[1], GdsError::MissingSymbol { library: GdsLibrary::Cuda, symbols, .. } if symbols == &["cuInit"])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let err = err.to_string();
         assert!(err.contains("/nonexistent/override/libcufile.so.0"), "{err}");
         assert!(err.contains("only that was tried"), "{err}");
         // libc loads but is not libcuda: the missing symbol is named.
@@ -212,6 +227,18 @@ mod tests {
             cuda_origin: "default",
         };
         let err = check_environment(&search).err().expect("no libcuda: must fail");
+        assert!(
+            matches!(
+                &err,
+                GdsError::LibraryNotFound {
+                    library: GdsLibrary::Cuda,
+                    other: Some(LoadedLibrary { library: GdsLibrary::CuFile, .. }),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err = err.to_string();
         assert!(err.contains("libcuda (the NVIDIA driver"), "{err}");
         assert!(err.contains("libcuda-deepnvme-bogus.so.1"), "{err}");
         assert!(err.contains("libcufile") && err.contains("is at"), "names the libcufile found: {err}");

@@ -18,14 +18,16 @@
 
 use std::collections::BTreeMap;
 
+use super::error::GdsError;
+
 /// The cuFile side of registration.
 pub(crate) trait Registrar {
     /// The device that owns the memory at `ptr`.
-    fn device_of(&self, ptr: u64) -> Result<i32, String>;
+    fn device_of(&self, ptr: u64) -> Result<i32, GdsError>;
     /// `cuFileBufRegister(ptr, len)` with device `device`'s context current.
-    fn register(&self, ptr: u64, len: usize, device: i32) -> Result<(), String>;
+    fn register(&self, ptr: u64, len: usize, device: i32) -> Result<(), GdsError>;
     /// `cuFileBufDeregister(ptr)` with device `device`'s context current.
-    fn deregister(&self, ptr: u64, device: i32) -> Result<(), String>;
+    fn deregister(&self, ptr: u64, device: i32) -> Result<(), GdsError>;
 }
 
 /// One registered region.
@@ -60,14 +62,9 @@ pub enum RegisterOutcome {
     AlreadyRegistered,
 }
 
-fn checked_end(ptr: u64, len: usize) -> Result<u64, String> {
-    if ptr == 0 {
-        return Err("a null device pointer cannot be registered".into());
-    }
-    if len == 0 {
-        return Err(format!("registering {ptr:#x} with length 0"));
-    }
-    ptr.checked_add(len as u64).ok_or_else(|| format!("{ptr:#x} + {len} bytes wraps the address space"))
+fn checked_end(ptr: u64, len: usize) -> Result<u64, GdsError> {
+    let end = ptr.checked_add(len as u64).filter(|_| ptr != 0 && len != 0);
+    end.ok_or(GdsError::InvalidBuffer { ptr, len })
 }
 
 /// The table.
@@ -110,20 +107,13 @@ impl RegionMap {
         registrar: &dyn Registrar,
         ptr: u64,
         len: usize,
-    ) -> Result<RegisterOutcome, String> {
+    ) -> Result<RegisterOutcome, GdsError> {
         let end = checked_end(ptr, len)?;
         if let Some(r) = self.overlapping(ptr, end) {
             if r.base == ptr && r.len == len {
                 return Ok(RegisterOutcome::AlreadyRegistered);
             }
-            return Err(format!(
-                "device buffer {ptr:#x}..{end:#x} ({len} bytes) overlaps the registered buffer {:#x}..{:#x} \
-                 ({} bytes, device {}); deregister that one first",
-                r.base,
-                r.end(),
-                r.len,
-                r.device
-            ));
+            return Err(GdsError::Overlap { ptr, len, registered: *r });
         }
         let device = registrar.device_of(ptr)?;
         registrar.register(ptr, len, device)?;
@@ -134,13 +124,10 @@ impl RegionMap {
     /// Deregisters the region based at `ptr`. `Ok(false)`: nothing was
     /// registered there. When cuFile refuses, the region is still dropped
     /// from the table (cuFile no longer knows it either) and the error returned.
-    pub(crate) fn deregister(&mut self, registrar: &dyn Registrar, ptr: u64) -> Result<bool, String> {
+    pub(crate) fn deregister(&mut self, registrar: &dyn Registrar, ptr: u64) -> Result<bool, GdsError> {
         let Some(region) = self.regions.get(&ptr).copied() else {
             if let Some(hit) = self.lookup(ptr, 0) {
-                return Err(format!(
-                    "{ptr:#x} lies inside the registered buffer based at {:#x} (offset {}); deregister by its base",
-                    hit.base, hit.offset
-                ));
+                return Err(GdsError::NotBase { ptr, base: hit.base, offset: hit.offset });
             }
             return Ok(false);
         };
@@ -149,9 +136,9 @@ impl RegionMap {
         Ok(true)
     }
 
-    /// Deregisters everything (when the driver closes). Returns one message
+    /// Deregisters everything (when the driver closes). Returns one error
     /// per region cuFile refused.
-    pub(crate) fn clear(&mut self, registrar: &dyn Registrar) -> Vec<String> {
+    pub(crate) fn clear(&mut self, registrar: &dyn Registrar) -> Vec<GdsError> {
         let regions = std::mem::take(&mut self.regions);
         regions.values().filter_map(|r| registrar.deregister(r.base, r.device).err()).collect()
     }
@@ -166,22 +153,22 @@ pub(crate) mod tests {
     #[derive(Default)]
     pub(crate) struct FakeRegistrar {
         pub calls: Mutex<Vec<String>>,
-        pub fail_register: Mutex<Option<String>>,
-        pub fail_deregister: Mutex<Option<String>>,
+        pub fail_register: Mutex<Option<GdsError>>,
+        pub fail_deregister: Mutex<Option<GdsError>>,
     }
 
     impl Registrar for FakeRegistrar {
-        fn device_of(&self, ptr: u64) -> Result<i32, String> {
+        fn device_of(&self, ptr: u64) -> Result<i32, GdsError> {
             Ok((ptr >> 40) as i32)
         }
-        fn register(&self, ptr: u64, len: usize, device: i32) -> Result<(), String> {
+        fn register(&self, ptr: u64, len: usize, device: i32) -> Result<(), GdsError> {
             self.calls.lock().push(format!("reg {ptr:#x} {len} d{device}"));
             match self.fail_register.lock().clone() {
                 Some(e) => Err(e),
                 None => Ok(()),
             }
         }
-        fn deregister(&self, ptr: u64, device: i32) -> Result<(), String> {
+        fn deregister(&self, ptr: u64, device: i32) -> Result<(), GdsError> {
             self.calls.lock().push(format!("dereg {ptr:#x} d{device}"));
             match self.fail_deregister.lock().clone() {
                 Some(e) => Err(e),
@@ -236,6 +223,8 @@ pub(crate) mod tests {
         assert_eq!(fake.calls.lock().len(), 1, "no second cuFileBufRegister");
         for (p, l) in [(A, 2 * MIB), (A + 4096, 4096), (A - 4096, 8192), (A - 4096, 2 * MIB), (A, MIB / 2)] {
             let e = m.register(&fake, p, l).unwrap_err();
+            assert!(matches!(e, GdsError::Overlap { registered: Region { base: A, .. }, .. }), "{e:?}");
+            let e = e.to_string();
             assert!(e.contains("overlaps") && e.contains(&format!("{A:#x}")), "{e}");
         }
         // Adjacent regions do not overlap.
@@ -248,9 +237,13 @@ pub(crate) mod tests {
     fn bad_arguments_are_refused_without_calling_cufile() {
         let fake = FakeRegistrar::default();
         let mut m = RegionMap::new();
-        assert!(m.register(&fake, 0, 10).unwrap_err().contains("null"));
-        assert!(m.register(&fake, A, 0).unwrap_err().contains("length 0"));
-        assert!(m.register(&fake, u64::MAX - 10, 100).unwrap_err().contains("wraps"));
+        let msg = |e: GdsError| {
+            assert!(matches!(e, GdsError::InvalidBuffer { .. }), "{e:?}");
+            e.to_string()
+        };
+        assert!(msg(m.register(&fake, 0, 10).unwrap_err()).contains("null"));
+        assert!(msg(m.register(&fake, A, 0).unwrap_err()).contains("length 0"));
+        assert!(msg(m.register(&fake, u64::MAX - 10, 100).unwrap_err()).contains("wraps"));
         assert!(fake.calls.lock().is_empty());
     }
 
@@ -259,11 +252,13 @@ pub(crate) mod tests {
         let fake = FakeRegistrar::default();
         let mut m = RegionMap::new();
         m.register(&fake, A, MIB).unwrap();
-        assert_eq!(m.deregister(&fake, A + 8 * MIB as u64), Ok(false), "unknown: no-op");
+        assert!(!m.deregister(&fake, A + 8 * MIB as u64).unwrap(), "unknown: no-op");
         let e = m.deregister(&fake, A + 4096).unwrap_err();
+        assert!(matches!(e, GdsError::NotBase { base: A, offset: 4096, .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("inside") && e.contains(&format!("{A:#x}")), "{e}");
-        assert_eq!(m.deregister(&fake, A), Ok(true));
-        assert_eq!(m.deregister(&fake, A), Ok(false), "second time: no-op");
+        assert!(m.deregister(&fake, A).unwrap());
+        assert!(!m.deregister(&fake, A).unwrap(), "second time: no-op");
         assert_eq!(m.lookup(A, 1), None);
         assert_eq!(fake.calls.lock().iter().filter(|c| c.starts_with("dereg")).count(), 1);
         // Once gone, the range can be registered with another length.
@@ -275,13 +270,13 @@ pub(crate) mod tests {
     fn cufile_failures_leave_the_table_consistent() {
         let fake = FakeRegistrar::default();
         let mut m = RegionMap::new();
-        *fake.fail_register.lock() = Some("cuFileBufRegister failed: X".into());
-        assert_eq!(m.register(&fake, A, MIB).unwrap_err(), "cuFileBufRegister failed: X");
+        *fake.fail_register.lock() = Some(GdsError::cufile("cuFileBufRegister(X)", 5030, None, 0));
+        assert!(m.register(&fake, A, MIB).unwrap_err().to_string().starts_with("cuFileBufRegister(X) failed"));
         assert!(m.is_empty(), "a refused registration is not recorded");
         *fake.fail_register.lock() = None;
         m.register(&fake, A, MIB).unwrap();
-        *fake.fail_deregister.lock() = Some("cuFileBufDeregister failed: Y".into());
-        assert!(m.deregister(&fake, A).unwrap_err().contains("Y"));
+        *fake.fail_deregister.lock() = Some(GdsError::cufile("cuFileBufDeregister(Y)", 5024, None, 0));
+        assert!(m.deregister(&fake, A).unwrap_err().to_string().contains("Y"));
         assert!(m.is_empty(), "dropped from the table all the same");
     }
 
@@ -291,7 +286,7 @@ pub(crate) mod tests {
         let mut m = RegionMap::new();
         m.register(&fake, A, 4096).unwrap();
         m.register(&fake, A + MIB as u64, 4096).unwrap();
-        *fake.fail_deregister.lock() = Some("nope".into());
+        *fake.fail_deregister.lock() = Some(GdsError::Unavailable("nope".into()));
         let errs = m.clear(&fake);
         assert_eq!(errs.len(), 2);
         assert!(m.is_empty());

@@ -7,11 +7,13 @@
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
 
-use super::api::{cufile_op_errno, cufile_op_error_name, errno_text, CuFileHandle, CUFILEOP_BASE_ERR};
+use super::api::{cufile_op_errno, cufile_op_error_name, CuFileHandle, CUFILEOP_BASE_ERR};
 use super::driver::{Ctx, CurrentContext};
+use super::error::GdsError;
 use super::probe::Gpu;
 use super::registry::RegionMap;
-use crate::error::{Direction, Error, Result, TransferError};
+use crate::error::{catch_unwind_text, errno_text, Direction, Error, Result, TransferError};
+use crate::file::{access_allows, fd_flags};
 
 /// Piece boundaries inside a transfer fall on multiples of this, so that a
 /// transfer that starts aligned keeps every piece aligned for O_DIRECT.
@@ -101,33 +103,16 @@ pub fn validate(t: &GdsTransfer, parallelism: usize, block_size: usize) -> Resul
     if t.file_offset.checked_add(t.len as u64).is_none_or(|end| end > i64::MAX as u64) {
         return bad(format!("file range {} + {} is beyond the largest file offset", t.file_offset, t.len));
     }
-    // SAFETY: F_GETFL only reads the descriptor's flags.
-    let flags = unsafe { libc::fcntl(t.fd, libc::F_GETFL) };
-    if flags < 0 {
-        let e = crate::error::last_errno();
-        return Err(Error::Transfer(TransferError {
-            direction: t.direction,
-            path: None,
-            fd: t.fd,
-            file_offset: t.file_offset,
-            len: t.len,
-            errno: e,
-            detail: Some("the file descriptor is not usable".into()),
-        }));
-    }
-    if !crate::file::access_allows(flags, t.direction) {
-        return Err(Error::Transfer(TransferError {
-            direction: t.direction,
-            path: None,
-            fd: t.fd,
-            file_offset: t.file_offset,
-            len: t.len,
-            errno: libc::EBADF,
-            detail: Some(format!(
-                "the file descriptor is not open for {}",
-                if t.direction == Direction::Read { "reading" } else { "writing" }
-            )),
-        }));
+    let flags = match fd_flags(t.fd) {
+        Ok(flags) => flags,
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::EBADF);
+            return Err(gds_failure(t, errno, "the file descriptor is not usable".into()));
+        }
+    };
+    if !access_allows(flags, t.direction) {
+        let mode = if t.direction == Direction::Read { "reading" } else { "writing" };
+        return Err(gds_failure(t, libc::EBADF, format!("the file descriptor is not open for {mode}")));
     }
     Ok(())
 }
@@ -185,7 +170,7 @@ pub(crate) fn interpret(call: &str, direction: Direction, ret: isize, errno: i32
         }
         return CallOutcome::Failed {
             errno: posix,
-            detail: format!("{call} returned {ret}: POSIX {}", errno_text(posix)),
+            detail: format!("{call} returned {ret}: POSIX errno {posix} ({})", errno_text(posix)),
         };
     }
     let (name, meaning) = cufile_op_error_name(code);
@@ -220,7 +205,7 @@ struct FileHandle<'a> {
 }
 
 impl<'a> FileHandle<'a> {
-    fn acquire(gpu: &'a Gpu, fd: RawFd) -> std::result::Result<FileHandle<'a>, String> {
+    fn acquire(gpu: &'a Gpu, fd: RawFd) -> std::result::Result<FileHandle<'a>, GdsError> {
         let mut map = FILE_HANDLES.lock();
         if let Some((h, users)) = map.get_mut(&fd) {
             *users += 1;
@@ -308,6 +293,7 @@ impl PieceJob<'_> {
     }
 }
 
+/// The error for the whole transfer `t`.
 fn gds_failure(t: &GdsTransfer, errno: i32, detail: String) -> Error {
     Error::Transfer(TransferError {
         direction: t.direction,
@@ -348,13 +334,11 @@ pub(crate) fn run(
         }
         None => (t.device_ptr, 0, false),
     };
-    let _current = CurrentContext::enter(gpu, ctx).map_err(Error::Gds)?;
+    let _current = CurrentContext::enter(gpu, ctx)?;
     let handle = match FileHandle::acquire(gpu, t.fd) {
         Ok(h) => h,
         Err(e) => {
-            // SAFETY: F_GETFL only reads flags (validate checked the fd).
-            let flags = unsafe { libc::fcntl(t.fd, libc::F_GETFL) };
-            let hint = if flags >= 0 && flags & libc::O_DIRECT == 0 {
+            let hint = if fd_flags(t.fd).is_ok_and(|flags| flags & libc::O_DIRECT == 0) {
                 "; the file descriptor is not opened with O_DIRECT, which cuFile requires"
             } else {
                 ""
@@ -383,14 +367,14 @@ pub(crate) fn run(
                 .map(|(i, &piece)| {
                     let (job, piece_error) = (&job, &piece_error);
                     std::thread::Builder::new().name(format!("deepnvme-gds-{i}")).spawn_scoped(s, move || {
-                        super::catch_panic_str(|| {
+                        catch_unwind_text(|| {
                             // Each worker needs the device's context current (a new thread has none).
                             if let Err(e) = gpu.cuda.set_current(ctx.raw()) {
-                                return Err(piece_error(&piece, e));
+                                return Err(piece_error(&piece, e.to_string()));
                             }
                             job.run(piece)
                         })
-                        .unwrap_or_else(|panic| Err(piece_error(&piece, panic)))
+                        .unwrap_or_else(|panic| Err(piece_error(&piece, GdsError::Internal(panic).to_string())))
                     })
                 })
                 .collect();
