@@ -56,15 +56,21 @@ pub fn plan_pieces(len: usize, parallelism: usize, block_size: usize) -> Vec<Pie
     if len == 0 {
         return Vec::new();
     }
-    let by_blocks = len.div_ceil(block_size.max(1));
-    let n = parallelism.max(1).min(by_blocks).max(1);
-    let chunk = len.div_ceil(n).div_ceil(PIECE_ALIGN) * PIECE_ALIGN;
+    let block_size = block_size.max(1);
+    // Inner pieces are `chunk` bytes: the even share rounded DOWN to the
+    // alignment, so the last piece (the remainder) is never the short one.
+    // Fewer pieces when a share would fall under a block.
+    let chunk_for = |n: usize| len / n / PIECE_ALIGN * PIECE_ALIGN;
+    let mut n = parallelism.max(1).min(len / block_size).max(1);
+    while n > 1 && chunk_for(n) < block_size.max(1) {
+        n -= 1;
+    }
+    let chunk = if n == 1 { len } else { chunk_for(n) };
     let mut pieces = Vec::with_capacity(n);
-    let mut offset = 0;
-    while offset < len {
-        let l = chunk.min(len - offset);
+    for i in 0..n {
+        let offset = i * chunk;
+        let l = if i + 1 == n { len - offset } else { chunk };
         pieces.push(Piece { offset, len: l });
-        offset += l;
     }
     pieces
 }

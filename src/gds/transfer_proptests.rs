@@ -49,15 +49,9 @@ proptest! {
 
     /// The documented contract: no piece is smaller than `block_size`
     /// unless the whole transfer is (then it is one piece).
-    ///
-    /// `plan_pieces` does not hold it yet: it takes
-    /// `min(parallelism, ceil(len / block_size))` pieces, so a length that
-    /// is not a multiple of the block gets pieces under a block, e.g.
-    /// 4 MiB + 4 KiB at parallelism 8 with 1 MiB blocks is five pieces of
-    /// 820 KiB (rounding the chunk up to PIECE_ALIGN can also leave a short
-    /// last piece). Run with `--ignored` once the planner is fixed.
+    /// (It found that the planner once cut 4 MiB + 4 KiB at parallelism 8
+    /// with 1 MiB blocks into five 820 KiB pieces.)
     #[test]
-    #[ignore = "plan_pieces can cut pieces under block_size (see the doc comment)"]
     fn no_piece_is_smaller_than_a_block(len in lens(), parallelism in 0usize..=64, block_size in block_sizes()) {
         let pieces = plan_pieces(len, parallelism, block_size);
         if len < block_size {
