@@ -21,6 +21,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -32,13 +33,16 @@ use crate::file::FileTarget;
 use crate::gds::{GdsDriver, GdsDriverGuard};
 use crate::knobs;
 use crate::op::checks::check_divisible;
-use crate::op::work::{OpCompletion, OpWork, PreparedOp};
+use crate::op::work::{OpCompletion, OpMeta, OpWork, PreparedOp};
+use crate::stats::{self, Counters, OpRecord, Stats};
 use crate::op::{CpuOp, OpRequest};
 use crate::pinned::PinnedMemoryManager;
 
 /// An op in flight: the work the workers read, and the completion latch.
 struct InFlight {
     work: Arc<dyn OpWork>,
+    meta: OpMeta,
+    started: Instant,
     state: Mutex<SliceTally>,
     done: Condvar,
     /// How the op finishes; taken by whoever finishes it.
@@ -190,6 +194,8 @@ pub struct IoHandle {
     inline_engine: Mutex<Option<Box<dyn Engine>>>,
     manager: &'static PinnedMemoryManager,
     device_route: DeviceRoute,
+    /// What this handle did (the process-wide counters get the same records).
+    counters: Counters,
 }
 
 /// An async op's buffer, handed back once the op is finished.
@@ -306,6 +312,7 @@ impl IoHandle {
 
     fn build(config: HandleConfig, device_route: DeviceRoute) -> Result<IoHandle> {
         config.validate()?;
+        stats::report_at_exit_if_asked();
         let engine_kind = resolve_engine(&config)?;
         let mut workers = Vec::with_capacity(config.intra_op_parallelism);
         for index in 0..config.intra_op_parallelism {
@@ -326,6 +333,7 @@ impl IoHandle {
             inline_engine: Mutex::new(None),
             manager: PinnedMemoryManager::shared(),
             device_route,
+            counters: Counters::new(),
         })
     }
 
@@ -466,10 +474,12 @@ impl IoHandle {
     }
 
     fn dispatch(&self, op: PreparedOp) {
-        let PreparedOp { work, completion } = op;
+        let PreparedOp { work, completion, meta } = op;
         let slices = work.slice_count();
         let in_flight = Arc::new(InFlight {
             work,
+            meta,
+            started: Instant::now(),
             state: Mutex::new(SliceTally { remaining: slices, first_error: None }),
             done: Condvar::new(),
             completion: Mutex::new(Some(completion)),
@@ -520,6 +530,7 @@ impl IoHandle {
                 None => outcome,
             };
             completed += 1;
+            self.record(op.meta, result.is_ok(), op.started);
             if let Err(e) = result {
                 if first.is_none() {
                     first = Some(e);
@@ -539,7 +550,9 @@ impl IoHandle {
     /// `read`/`write`: one synchronous, unsplit transfer on the calling
     /// thread (always through the CPU path, bouncing device memory).
     pub fn transfer_inline(&self, request: OpRequest<'_>) -> Result<()> {
+        let started = Instant::now();
         let mut op = CpuOp::prepare(request, 1, self.config.transfer_knobs(), self.manager)?;
+        let meta = op.meta();
         let plan = op.plan().clone();
         let outcome = {
             let mut slot = self.inline_engine.lock();
@@ -551,7 +564,27 @@ impl IoHandle {
             }
             outcome
         };
-        op.finish(outcome)
+        let result = op.finish(outcome);
+        self.record(meta, result.is_ok(), started);
+        result
+    }
+
+    fn record(&self, meta: OpMeta, ok: bool, started: Instant) {
+        let record = OpRecord {
+            direction: meta.direction,
+            bytes: meta.bytes,
+            bounced_bytes: meta.bounced_bytes,
+            ok,
+            latency: started.elapsed(),
+        };
+        self.counters.record(&record);
+        stats::process_counters().record(&record);
+    }
+
+    /// What this handle did so far: ops, bytes, bounced bytes, failures,
+    /// latency (see [`crate::stats`]).
+    pub fn stats(&self) -> Stats {
+        self.counters.snapshot()
     }
 
     /// GDS handles: registers a CUDA buffer with cuFile

@@ -61,6 +61,9 @@ pub const CUDA_LIB_ENV: &str = "DEEPNVME_CUDA_LIB";
 /// cuFile's own variable naming its JSON config; a user's value is kept.
 pub const CUFILE_ENV_PATH_JSON: &str = "CUFILE_ENV_PATH_JSON";
 
+/// `1`: print the process's I/O statistics on stderr at exit.
+pub const STATS_ENV: &str = "DEEPNVME_STATS";
+
 /// Who reads a variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
@@ -120,6 +123,12 @@ pub const VARIABLES: &[EnvVar] = &[
         scope: Scope::Core,
         default: "a private config (DeepSpeed's keys) unless `/etc/cufile.json` exists",
         meaning: "cuFile's config file; a value the user set is never replaced",
+    },
+    EnvVar {
+        name: STATS_ENV,
+        scope: Scope::Core,
+        default: "unset: no report",
+        meaning: "`1`: at exit, print ops, bytes read/written, bounced bytes, failures and p50/p99 latency on stderr",
     },
     EnvVar {
         name: "DEEPNVME_DEEPSPEED_HOOK",
@@ -223,6 +232,8 @@ pub struct Settings {
     pub cufile_lib: Option<String>,
     /// [`CUDA_LIB_ENV`], when set and not blank.
     pub cuda_lib: Option<String>,
+    /// [`STATS_ENV`] is `1`.
+    pub stats_at_exit: bool,
 }
 
 fn non_blank(name: &str) -> Option<String> {
@@ -252,6 +263,7 @@ impl Settings {
             gds_cpu_only: std::env::var(GDS_CPU_ONLY_ENV).as_deref() == Ok("1"),
             cufile_lib: non_blank(CUFILE_LIB_ENV),
             cuda_lib: non_blank(CUDA_LIB_ENV),
+            stats_at_exit: std::env::var(STATS_ENV).as_deref() == Ok("1"),
         }
     }
 }

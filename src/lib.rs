@@ -50,6 +50,8 @@
 //!   workers, queue, `wait()`, and the GDS routing of CUDA buffers.
 //! * `config`: [`HandleConfig`], a handle's knobs.
 //! * [`gds`]: GPUDirect Storage through cuFile, loaded at run time.
+//! * [`stats`]: ops, bytes, bounced bytes, failures and latency, per handle
+//!   ([`IoHandle::stats`]) and per process ([`stats::process`]).
 //! * [`deepspeed`]: DeepSpeed's API semantics that every front end shares
 //!   (return codes, the write warning, the elapsed-time line, one-shot
 //!   transfers, `deepspeed_memcpy`).
@@ -73,6 +75,7 @@ pub mod deepspeed;
 pub mod gds;
 pub mod knobs;
 pub mod pinned;
+pub mod stats;
 
 #[cfg(feature = "ffi")]
 pub mod ffi;
@@ -88,6 +91,7 @@ pub use gds::GdsError;
 pub use handle::{IoHandle, Pending};
 pub use op::OpRequest;
 pub use pinned::{LockedBuffer, PinnedMemoryManager};
+pub use stats::Stats;
 
 // The internal tests share tests/common, which names the crate `deepnvme`.
 #[cfg(test)]

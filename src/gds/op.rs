@@ -17,7 +17,7 @@ use crate::buffer::{Location, Staging};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::OpenFile;
 use crate::op::checks::{check_file_offset, check_read_extent, report_validation};
-use crate::op::work::{OpCompletion, OpWork, PreparedOp};
+use crate::op::work::{OpCompletion, OpMeta, OpWork, PreparedOp};
 use crate::op::OpRequest;
 use crate::pinned::{LockMode, PageAlignedBuffer};
 
@@ -110,5 +110,6 @@ pub(crate) fn prepare(
         path: file.path().map(|p| p.to_path_buf()),
     };
     let completion = GdsCompletion { file, direction, file_offset, len, staging, validate };
-    Ok(PreparedOp { work: Arc::new(work), completion: Box::new(completion) })
+    let meta = OpMeta { direction: Some(direction), bytes: len as u64, bounced_bytes: 0 };
+    Ok(PreparedOp { work: Arc::new(work), completion: Box::new(completion), meta })
 }

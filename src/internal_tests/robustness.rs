@@ -44,7 +44,7 @@ fn a_panicking_slice_fails_its_op_without_hanging_the_handle() {
     for engine in engines() {
         let h = handle_with(engine, 4096, 4, false, false, 2);
         let finished = Arc::new(AtomicUsize::new(0));
-        let op = PreparedOp { work: Arc::new(PanickingWork), completion: Box::new(CountFinish(finished.clone())) };
+        let op = PreparedOp { work: Arc::new(PanickingWork), completion: Box::new(CountFinish(finished.clone())), meta: Default::default() };
         assert_eq!(h.dispatch_prepared(op, true).unwrap(), 0);
         let err = h.wait().expect_err("the panicking op must fail");
         let msg = err.to_string();
@@ -101,7 +101,7 @@ fn an_async_submit_does_not_wait_behind_a_blocking_call() {
         let timed_out = timed_out.clone();
         std::thread::spawn(move || {
             let work = GatedWork { started, open, timed_out };
-            let op = PreparedOp { work: Arc::new(work), completion: Box::new(CountFinish(finished)) };
+            let op = PreparedOp { work: Arc::new(work), completion: Box::new(CountFinish(finished)), meta: Default::default() };
             h.dispatch_prepared(op, false)
         })
     };

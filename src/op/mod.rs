@@ -28,7 +28,7 @@ use crate::file::{FileTarget, OpenFile};
 use crate::pinned::{page_size, LockMode, PageAlignedBuffer, PinnedMemoryManager};
 use checks::{check_file_offset, check_read_extent, report_validation};
 use plan::{OpPlan, BUFFERED_FD_PLACEHOLDER};
-use work::{OpCompletion, PreparedOp};
+use work::{OpCompletion, OpMeta, PreparedOp};
 
 /// A request to move one buffer.
 pub struct OpRequest<'a> {
@@ -160,9 +160,18 @@ impl CpuOp {
     }
 
     /// True when the I/O goes straight to the caller's memory.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn is_direct(&self) -> bool {
         matches!(self.memory, IoMemory::Direct { .. })
+    }
+
+    /// What this op moves, for the statistics.
+    pub fn meta(&self) -> OpMeta {
+        let bytes = self.len as u64;
+        OpMeta {
+            direction: Some(self.plan.direction),
+            bytes,
+            bounced_bytes: if self.is_direct() { 0 } else { bytes },
+        }
     }
 
     fn close_error(&self, errno: i32) -> Error {
@@ -180,7 +189,8 @@ impl CpuOp {
 
 impl From<CpuOp> for PreparedOp {
     fn from(op: CpuOp) -> Self {
-        PreparedOp { work: op.plan().clone(), completion: Box::new(op) }
+        let meta = op.meta();
+        PreparedOp { work: op.plan().clone(), completion: Box::new(op), meta }
     }
 }
 

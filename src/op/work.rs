@@ -29,8 +29,19 @@ pub(crate) trait OpCompletion: Send {
     fn finish(&mut self, outcome: Result<()>) -> Result<()>;
 }
 
+/// What an op moves, for the handle's statistics.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct OpMeta {
+    /// `None` for work that moves no file bytes of its own.
+    pub direction: Option<crate::Direction>,
+    pub bytes: u64,
+    /// Bytes copied through a bounce buffer.
+    pub bounced_bytes: u64,
+}
+
 /// An op ready to be dispatched.
 pub(crate) struct PreparedOp {
     pub work: Arc<dyn OpWork>,
     pub completion: Box<dyn OpCompletion>,
+    pub meta: OpMeta,
 }
