@@ -190,14 +190,17 @@ impl OpCompletion for CpuOp {
     /// Dropping `self` then closes the op's descriptors and frees the bounce.
     fn finish(&mut self, outcome: Result<()>) -> Result<()> {
         outcome?;
-        if self.plan.direction == Direction::Write {
-            // A deferred write error (NFS, FUSE) only shows at close().
-            self.file.close_owned().map_err(|errno| self.close_error(errno))?;
-        }
         if self.validate {
+            // Before the op's descriptors close: an op on a caller's fd
+            // re-reads through its own description, never through the
+            // caller's number (which may name another file by now).
             // SAFETY: io_ptr covers len bytes that no one is writing now.
             let ours = unsafe { std::slice::from_raw_parts(self.io_ptr as *const u8, self.len) };
             report_validation(self.plan.direction, &self.file, self.file_offset, ours);
+        }
+        if self.plan.direction == Direction::Write {
+            // A deferred write error (NFS, FUSE) only shows at close().
+            self.file.close_owned().map_err(|errno| self.close_error(errno))?;
         }
         if self.plan.direction == Direction::Read {
             if let IoMemory::Bounce { buffer, skew, staging } = &mut self.memory {
