@@ -289,6 +289,12 @@ fn a_handle_used_after_fork_refuses_at_once_and_drops_without_hanging() {
         let src = Pinned::with(&data);
         let parent_file = dir.file(&format!("parent-{engine:?}.bin"));
         assert_eq!(h.pwrite(src.desc(), FileTarget::Path(&parent_file), 0, false).unwrap(), 1);
+        // Let the parent's threads go idle before forking: a thread caught
+        // inside a lock (parking_lot's parking table, malloc's arenas)
+        // leaves that lock held forever in the child, whatever the handle
+        // does. (fork() in a multithreaded process is only safe when the
+        // other threads are quiescent.)
+        std::thread::sleep(Duration::from_millis(100));
         let child_dir = dir.path().to_path_buf();
         let mut h = Some(h);
         let child_h = &mut h;
