@@ -38,7 +38,9 @@ pub const CONSERVATIVE_DIO_ALIGNMENT: DioAlignment = DioAlignment {
 pub enum FileTarget<'a> {
     /// A file the op opens, and closes when it finishes.
     Path(&'a Path),
-    /// A descriptor the caller owns; the op never closes it.
+    /// A descriptor the caller owns; the op never closes it. At submit the
+    /// op takes its own open file description of it (without O_APPEND), so
+    /// the caller may close the fd before `wait()`.
     Fd(RawFd),
 }
 
@@ -82,8 +84,14 @@ pub struct OpenFile {
     /// Without O_DIRECT, for what cannot go direct. Opened on demand by
     /// [`OpenFile::buffered_fd`] (before any worker runs).
     buffered_fd: Option<RawFd>,
-    /// The descriptor the op was given or opened first.
+    /// The descriptor the op opened first: on the path, or its own open
+    /// file description of a caller's descriptor (see
+    /// [`OpenFile::from_caller_fd`]).
     origin_fd: RawFd,
+    /// The caller's descriptor number, when the op was given one. Only used
+    /// to name the target in messages: by the time the op runs, the caller
+    /// may have closed it and the number may name another file.
+    caller_fd: Option<RawFd>,
     /// Descriptors this op opened, closed on drop.
     owned: Vec<RawFd>,
     dio: Option<DioAlignment>,
@@ -106,12 +114,31 @@ fn open_raw(path: &Path, flags: i32, mode: libc::mode_t) -> io::Result<RawFd> {
         // SAFETY: `c` is a valid C string.
         let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
         if fd >= 0 {
-            return Ok(fd);
+            return above_stdio(fd);
         }
         let e = io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EINTR) {
             return Err(e);
         }
+    }
+}
+
+/// Moves a descriptor this crate opened off the numbers 0, 1 and 2. A
+/// process that closed stdout or stderr would otherwise get its data file
+/// on those numbers, and every later line printed "to stdout" (DeepSpeed's
+/// `Pass:` and `Elapsed time` lines, anyone's `print`) would land in it.
+fn above_stdio(fd: RawFd) -> io::Result<RawFd> {
+    if fd > libc::STDERR_FILENO {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor; `fd` is ours to close.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, libc::STDERR_FILENO + 1) };
+    let e = io::Error::last_os_error();
+    unsafe { libc::close(fd) };
+    if high < 0 {
+        Err(e)
+    } else {
+        Ok(high)
     }
 }
 
@@ -143,6 +170,14 @@ pub fn dio_alignment(fd: RawFd) -> Option<DioAlignment> {
     }
 }
 
+fn is_file_or_block_device(fd: RawFd) -> bool {
+    // SAFETY: fstat fills a zeroed struct.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(fd, &mut st) == 0 && matches!(st.st_mode & libc::S_IFMT, libc::S_IFREG | libc::S_IFBLK)
+    }
+}
+
 fn is_regular_file(fd: RawFd) -> bool {
     // SAFETY: fstat fills a zeroed struct.
     unsafe {
@@ -168,7 +203,7 @@ impl OpenFile {
     pub fn open(target: FileTarget<'_>, direction: Direction) -> Result<OpenFile> {
         match target {
             FileTarget::Path(path) => Self::open_path(path, direction),
-            FileTarget::Fd(fd) => Self::from_caller_fd(fd),
+            FileTarget::Fd(fd) => Self::from_caller_fd(fd, direction),
         }
     }
 
@@ -192,6 +227,7 @@ impl OpenFile {
                     direct_fd: dio.map(|_| fd),
                     buffered_fd: None,
                     origin_fd: fd,
+                    caller_fd: None,
                     owned: vec![fd],
                     dio,
                     twin_access: base & libc::O_ACCMODE,
@@ -214,6 +250,7 @@ impl OpenFile {
                     direct_fd: None,
                     buffered_fd: Some(fd),
                     origin_fd: fd,
+                    caller_fd: None,
                     owned: vec![fd],
                     dio: None,
                     twin_access: base & libc::O_ACCMODE,
@@ -223,28 +260,66 @@ impl OpenFile {
         }
     }
 
-    fn from_caller_fd(fd: RawFd) -> Result<OpenFile> {
-        let flags = fd_flags(fd).map_err(|source| Error::File {
-            path: PathBuf::from(format!("<fd {fd}>")),
-            action: "inspecting caller descriptor",
-            source,
-        })?;
+    /// Takes the op's own open file description of the caller's `fd`, so
+    /// that the op keeps writing to (or reading from) the same file even if
+    /// the caller closes `fd` and the number is reused before `wait()`.
+    ///
+    /// A regular file or block device is re-opened through
+    /// `/proc/self/fd/N` with the caller's access mode, O_DIRECT and sync
+    /// flags, but never O_APPEND: DeepSpeed's FastFileWriter passes an
+    /// O_APPEND fd with explicit offsets, and a write on an O_APPEND
+    /// description ignores its offset (parallel pieces would land in
+    /// completion order). Anything else, or when /proc cannot be used, gets
+    /// `fcntl(F_DUPFD_CLOEXEC)`, which shares the caller's description; a
+    /// write through a shared O_APPEND description is then refused rather
+    /// than misplaced. The caller's fd is never closed; the op's is closed
+    /// when the op finishes.
+    fn from_caller_fd(fd: RawFd, direction: Direction) -> Result<OpenFile> {
+        let name = || PathBuf::from(format!("<fd {fd}>"));
+        let flags = fd_flags(fd).map_err(|source| Error::File { path: name(), action: "inspecting caller descriptor", source })?;
+        let access = flags & libc::O_ACCMODE;
+        let keep = libc::O_DIRECT | libc::O_DSYNC | libc::O_SYNC;
+        let reopened = if is_file_or_block_device(fd) {
+            open_raw(Path::new(&format!("/proc/self/fd/{fd}")), access | (flags & keep), 0).ok()
+        } else {
+            None
+        };
+        let own = match reopened {
+            Some(own) => own,
+            None => {
+                if direction == Direction::Write && flags & libc::O_APPEND != 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "fd {fd} is open with O_APPEND, which would put every write at the end of the file \
+                         instead of at its offset, and it cannot be re-opened without O_APPEND \
+                         (/proc/self/fd/{fd} is not usable); open it without O_APPEND"
+                    )));
+                }
+                // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor that the op owns.
+                let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, libc::STDERR_FILENO + 1) };
+                if dup < 0 {
+                    let source = io::Error::last_os_error();
+                    return Err(Error::File { path: name(), action: "duplicating caller descriptor", source });
+                }
+                dup
+            }
+        };
         let (direct_fd, buffered_fd, dio) = if flags & libc::O_DIRECT != 0 {
-            match dio_alignment(fd) {
-                Some(a) => (Some(fd), None, Some(a)),
+            match dio_alignment(own) {
+                Some(a) => (Some(own), None, Some(a)),
                 None => (None, None, None),
             }
         } else {
-            (None, Some(fd), None)
+            (None, Some(own), None)
         };
         Ok(OpenFile {
             path: None,
             direct_fd,
             buffered_fd,
-            origin_fd: fd,
-            owned: Vec::new(),
+            origin_fd: own,
+            caller_fd: Some(fd),
+            owned: vec![own],
             dio,
-            twin_access: flags & libc::O_ACCMODE,
+            twin_access: access,
         })
     }
 
@@ -290,9 +365,10 @@ impl OpenFile {
         self.origin_fd
     }
 
-    /// The caller's descriptor, when the op was given one (not a path).
+    /// The caller's descriptor number, when the op was given one (not a
+    /// path): for messages only, never for I/O.
     pub fn caller_fd(&self) -> Option<RawFd> {
-        self.path.is_none().then_some(self.origin_fd)
+        self.caller_fd
     }
 
     pub fn path(&self) -> Option<&Path> {
@@ -309,7 +385,7 @@ impl OpenFile {
     }
 
     pub fn display_path(&self) -> PathBuf {
-        self.path.clone().unwrap_or_else(|| PathBuf::from(format!("<fd {}>", self.any_fd())))
+        self.path.clone().unwrap_or_else(|| PathBuf::from(format!("<fd {}>", self.caller_fd.unwrap_or(self.origin_fd))))
     }
 }
 
@@ -317,7 +393,7 @@ impl OpenFile {
     /// Closes the descriptors this op opened, reporting the first failure:
     /// some file systems (NFS, FUSE) report a deferred write error only at
     /// close(), and a write op must not succeed past it. The caller's fd is
-    /// never closed.
+    /// never closed (the op only ever holds its own description of it).
     pub fn close_owned(&mut self) -> std::result::Result<(), i32> {
         let mut first = None;
         for fd in self.owned.drain(..) {
@@ -330,8 +406,8 @@ impl OpenFile {
                 }
             }
         }
-        self.direct_fd = self.direct_fd.filter(|&fd| fd == self.origin_fd && self.path.is_none());
-        self.buffered_fd = self.buffered_fd.filter(|&fd| fd == self.origin_fd && self.path.is_none());
+        self.direct_fd = None;
+        self.buffered_fd = None;
         match first {
             None => Ok(()),
             Some(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),

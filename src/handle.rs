@@ -15,6 +15,11 @@
 //! Errors never abort: a failed slice fails its op, and `wait()` reports it
 //! after finishing every other op. Dropping a handle finishes what is still
 //! in flight (logging any failure), then stops and joins its workers.
+//!
+//! A handle belongs to the process that created it: in a child made by
+//! fork() (which inherits the handle but none of its threads) every call
+//! fails at once saying so, and dropping it leaks its parts instead of
+//! waiting for threads that do not exist there.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -196,6 +201,10 @@ pub struct IoHandle {
     device_route: DeviceRoute,
     /// What this handle did (the process-wide counters get the same records).
     counters: Counters,
+    /// The process that created the handle. A child made by fork() inherits
+    /// the handle but not its worker threads (and shares its rings with the
+    /// parent), so every entry point refuses to run in another process.
+    creator_pid: u32,
 }
 
 /// An async op's buffer, handed back once the op is finished.
@@ -334,7 +343,27 @@ impl IoHandle {
             manager: PinnedMemoryManager::shared(),
             device_route,
             counters: Counters::new(),
+            creator_pid: std::process::id(),
         })
+    }
+
+    /// True in a child made by fork() after the handle was created.
+    fn forked(&self) -> bool {
+        std::process::id() != self.creator_pid
+    }
+
+    /// Refuses at once in a process other than the one that made the handle:
+    /// its workers do not exist there, so a call would wait forever.
+    fn check_process(&self) -> Result<()> {
+        if self.forked() {
+            return Err(Error::Engine(format!(
+                "this handle was created in process {} and cannot be used in process {} after fork(): \
+                 its I/O threads do not exist in the child; create a new handle in the child",
+                self.creator_pid,
+                std::process::id()
+            )));
+        }
+        Ok(())
     }
 
     /// The knobs the CPU path runs with (a GDS handle's CPU path has one worker).
@@ -385,6 +414,7 @@ impl IoHandle {
     /// returns how many finished. The buffer's [`BufferDesc`] contract holds
     /// until the op is finished.
     pub fn submit(&self, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
+        self.check_process()?;
         let op = self.prepare(request)?;
         self.dispatch_prepared(op, is_async)
     }
@@ -393,6 +423,7 @@ impl IoHandle {
     /// otherwise waits for every pending op and returns how many finished.
     /// Slice `i` runs on worker `i % workers`.
     pub(crate) fn dispatch_prepared(&self, op: PreparedOp, is_async: bool) -> Result<usize> {
+        self.check_process()?;
         if is_async {
             // An async submit never waits behind another thread's blocking
             // call: DeepSpeed's bindings keep the GIL for async_*.
@@ -501,6 +532,7 @@ impl IoHandle {
 
     /// Waits for every pending op, finishes each, and returns how many.
     pub fn wait(&self) -> Result<usize> {
+        self.check_process()?;
         let (result, finished) = {
             let _serial = self.serial.lock();
             self.wait_locked()
@@ -550,6 +582,7 @@ impl IoHandle {
     /// `read`/`write`: one synchronous, unsplit transfer on the calling
     /// thread (always through the CPU path, bouncing device memory).
     pub fn transfer_inline(&self, request: OpRequest<'_>) -> Result<()> {
+        self.check_process()?;
         let started = Instant::now();
         let mut op = CpuOp::prepare(request, 1, self.config.transfer_knobs(), self.manager)?;
         let meta = op.meta();
@@ -591,6 +624,7 @@ impl IoHandle {
     /// (`pin_device_tensor`), so transfers into any part of it avoid
     /// cuFile's bounce buffers. May block.
     pub fn register_device_buffer(&self, buffer: &BufferDesc) -> Result<()> {
+        self.check_process()?;
         let gds = self.gds_half()?;
         if !matches!(buffer.location(), Location::Cuda(_)) || buffer.ptr().is_null() {
             return Err(Error::InvalidArgument("pin_device_tensor takes a CUDA tensor".into()));
@@ -601,6 +635,7 @@ impl IoHandle {
     /// GDS handles: deregisters the region based at `base`
     /// (`unpin_device_tensor`); `Ok(false)` when none was registered there.
     pub fn deregister_device_buffer(&self, base: *const u8) -> Result<bool> {
+        self.check_process()?;
         let gds = self.gds_half()?;
         if base.is_null() {
             return Ok(false);
@@ -629,6 +664,17 @@ fn offset_arg(file_offset: u64) -> Result<i64> {
 
 impl Drop for IoHandle {
     fn drop(&mut self) {
+        if self.forked() {
+            // A child of fork(): the workers are threads of the parent, so
+            // joining them would wait forever, and the rings, the pending
+            // ops and the GDS driver belong to the parent. Leak all of it
+            // (memory only); the parent's handle is untouched.
+            std::mem::forget(std::mem::take(&mut self.workers));
+            std::mem::forget(std::mem::take(self.pending.get_mut()));
+            std::mem::forget(self.inline_engine.get_mut().take());
+            std::mem::forget(std::mem::replace(&mut self.device_route, DeviceRoute::Bounce));
+            return;
+        }
         // Finish what is in flight: the kernel may still be using the buffers.
         if self.pending_ops() > 0 {
             if let Err(e) = self.wait() {

@@ -43,6 +43,12 @@ pub const GDS_MIN_BLOCK_SIZE: usize = 1024;
 /// How many times a transfer that keeps answering EAGAIN is resubmitted
 /// before it fails naming the errno (with a growing pause in between).
 pub const MAX_EAGAIN_RETRIES: u32 = 64;
+/// How many times in a row a transfer interrupted by a signal (EINTR, no
+/// byte moved) is resubmitted before it fails naming the errno. Signals are
+/// normal (a profiler's SIGPROF, SIGCHLD), so the bound is far above what
+/// any real workload reaches; it only keeps a signal storm from spinning
+/// forever.
+pub const MAX_EINTR_RETRIES: u32 = 100_000;
 
 // ---------------------------------------------------------------------------
 // Environment variables.

@@ -4,12 +4,12 @@
 //!
 //! No function here can panic: `println!`/`eprintln!` panic when the stream
 //! is a closed pipe (`python train.py | head`), which must never fail an I/O
-//! or unwind out of a worker. Write errors are ignored.
+//! or unwind out of a worker. Write errors are ignored. Nothing here takes
+//! a lock that a fork() could leave held: lines go out with write(2).
 //!
 //! `DEEPNVME_LOG=quiet` silences informational lines (errors still print).
 
 use std::collections::HashSet;
-use std::io::Write;
 
 use parking_lot::Mutex;
 
@@ -17,15 +17,32 @@ fn quiet() -> bool {
     crate::knobs::settings().quiet
 }
 
-fn write_line(mut out: impl Write, prefix: &str, msg: &str) {
-    let _ = writeln!(out, "{prefix}{msg}");
-    let _ = out.flush();
+/// Writes one whole line to `fd` with write(2), bypassing the locks of
+/// `std::io::stdout()`/`stderr()`: a child made by fork() while another
+/// thread of the parent held one of those locks would wait for it forever.
+/// One line is one buffer (one syscall unless the stream takes it in
+/// parts), so lines from several threads do not interleave mid-line.
+/// A closed or broken stream is ignored.
+fn write_line(fd: libc::c_int, prefix: &str, msg: &str) {
+    let line = format!("{prefix}{msg}\n");
+    let mut rest = line.as_bytes();
+    while !rest.is_empty() {
+        // SAFETY: writing our own bytes; a bad fd only returns an error.
+        let n = unsafe { libc::write(fd, rest.as_ptr() as *const libc::c_void, rest.len()) };
+        if n > 0 {
+            rest = &rest[n as usize..];
+        } else if n < 0 && crate::error::last_errno() == libc::EINTR {
+            continue;
+        } else {
+            return;
+        }
+    }
 }
 
 /// An informational line.
 pub fn info(msg: &str) {
     if !quiet() {
-        write_line(std::io::stderr().lock(), "deepnvme: ", msg);
+        write_line(libc::STDERR_FILENO, "deepnvme: ", msg);
     }
 }
 
@@ -41,10 +58,10 @@ pub fn info_once(key: &str, msg: &str) {
 /// An error the caller gets as a return code (-1) rather than an exception:
 /// the message is the only place the reason shows, so it always prints.
 pub fn error(msg: &str) {
-    write_line(std::io::stderr().lock(), "deepnvme error: ", msg);
+    write_line(libc::STDERR_FILENO, "deepnvme error: ", msg);
 }
 
 /// A line on stdout, where DeepSpeed prints it (`Elapsed time`, `Pass:`).
 pub(crate) fn stdout_line(msg: &str) {
-    write_line(std::io::stdout().lock(), "", msg);
+    write_line(libc::STDOUT_FILENO, "", msg);
 }

@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use parking_lot::RwLock;
 
@@ -43,12 +44,29 @@ pub fn memlock_limit() -> (u64, u64) {
     }
 }
 
-/// One mapping: `requested` is what the caller asked for (and what a buffer
-/// must fit inside); `mapped` is the page-rounded length that was mapped.
-#[derive(Clone, Copy, Debug)]
+/// One locked mapping: `requested` is what the caller asked for (and what a
+/// buffer must fit inside); `mapped` is the page-rounded length that was
+/// mapped. It is unlocked and unmapped when the last reference goes: the
+/// manager's (dropped by `free`) or an op's [`RegionHold`].
+#[derive(Debug)]
 struct Region {
+    base: usize,
     requested: usize,
     mapped: usize,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        release_raw(self.base as *mut u8, self.mapped, true);
+    }
+}
+
+/// An op's hold on a managed region whose memory it moves bytes to or from
+/// directly: while it lives, the region stays mapped and locked even if it
+/// is freed, so its address cannot be handed out again under the I/O.
+#[derive(Debug)]
+pub(crate) struct RegionHold {
+    _region: Arc<Region>,
 }
 
 /// An anonymous, page-aligned mapping. It is locked when `locked` says so.
@@ -164,7 +182,7 @@ pub enum LockMode {
 
 /// Page-locked allocations, recognised by address range.
 pub struct PinnedMemoryManager {
-    regions: RwLock<BTreeMap<usize, Region>>,
+    regions: RwLock<BTreeMap<usize, Arc<Region>>>,
 }
 
 static SHARED: PinnedMemoryManager = PinnedMemoryManager::new();
@@ -191,32 +209,57 @@ impl PinnedMemoryManager {
     pub fn alloc(&self, bytes: usize) -> Result<NonNull<u8>> {
         let buf = PageAlignedBuffer::new(bytes, LockMode::Required)?;
         let (ptr, mapped) = buf.into_raw();
-        self.regions.write().insert(ptr.as_ptr() as usize, Region { requested: bytes, mapped });
+        let base = ptr.as_ptr() as usize;
+        self.regions.write().insert(base, Arc::new(Region { base, requested: bytes, mapped }));
         Ok(ptr)
     }
 
     /// Frees the region whose base is exactly `base`. Returns whether
     /// anything was freed; an interior pointer or unknown address is refused.
+    ///
+    /// The region stops being managed at once. When an async op is still
+    /// moving bytes to or from it (it holds a [`RegionHold`]), the unlock and
+    /// unmap wait for the last such op to finish: the memory stays mapped, so
+    /// its address cannot be handed out again and the pending I/O cannot
+    /// land in a new allocation.
     pub fn free(&self, base: *const u8) -> bool {
         let removed = self.regions.write().remove(&(base as usize));
         match removed {
             Some(r) => {
-                release_raw(base as *mut u8, r.mapped, true);
+                if Arc::strong_count(&r) > 1 {
+                    crate::log::info_once(
+                        "free-in-flight",
+                        &format!(
+                            "locked memory at {base:p} ({} bytes) was freed while an I/O op still uses it; \
+                             it is unmapped when the op finishes (call wait() before freeing)",
+                            r.requested
+                        ),
+                    );
+                }
                 true
             }
             None => false,
         }
     }
 
+    /// The region that `[ptr, ptr + len)` lies wholly inside, if any.
+    fn find(regions: &BTreeMap<usize, Arc<Region>>, ptr: *const u8, len: usize) -> Option<&Arc<Region>> {
+        let start = ptr as usize;
+        let end = start.checked_add(len)?;
+        let (&base, r) = regions.range(..=start).next_back()?;
+        (end <= base + r.requested).then_some(r)
+    }
+
     /// True when `[ptr, ptr + len)` lies wholly inside one region.
     pub fn is_managed(&self, ptr: *const u8, len: usize) -> bool {
-        let start = ptr as usize;
-        let Some(end) = start.checked_add(len) else { return false };
-        let regions = self.regions.read();
-        match regions.range(..=start).next_back() {
-            Some((&base, r)) => end <= base + r.requested,
-            None => false,
-        }
+        Self::find(&self.regions.read(), ptr, len).is_some()
+    }
+
+    /// When `[ptr, ptr + len)` lies wholly inside one region: a hold that
+    /// keeps that region mapped and locked until it is dropped, even if the
+    /// region is freed meanwhile.
+    pub(crate) fn hold(&self, ptr: *const u8, len: usize) -> Option<RegionHold> {
+        Self::find(&self.regions.read(), ptr, len).map(|r| RegionHold { _region: r.clone() })
     }
 
     /// The base and requested size of the region containing `ptr`, if any.
@@ -242,9 +285,7 @@ mod proptests;
 
 impl Drop for PinnedMemoryManager {
     fn drop(&mut self) {
-        for (&base, r) in self.regions.get_mut().iter() {
-            release_raw(base as *mut u8, r.mapped, true);
-        }
+        // Each region is released now, or by the last op that holds it.
         self.regions.get_mut().clear();
     }
 }

@@ -1,7 +1,8 @@
 //! Transfer engines: they move a list of contiguous (fd, file offset, memory,
 //! length) segments in `block_size` pieces with at most `queue_depth` in
 //! flight, check every completion, resubmit the rest of a short transfer,
-//! retry EINTR/EAGAIN, and turn any other failure into a [`TransferError`]
+//! retry EINTR/EAGAIN (EAGAIN with backoff; both bounded, see
+//! [`knobs::MAX_EAGAIN_RETRIES`] and [`knobs::MAX_EINTR_RETRIES`]), and turn any other failure into a [`TransferError`]
 //! that carries the errno, offset and length.
 //!
 //! Two engines pass the same tests:
@@ -55,6 +56,16 @@ pub(crate) struct Piece {
     pub len: usize,
     /// Bytes of this piece already moved (by short transfers).
     pub done: usize,
+    /// EAGAIN answers in a row (since the last progress).
+    pub eagain: u32,
+    /// EINTR answers in a row (since the last progress).
+    pub eintr: u32,
+}
+
+/// The pause before resubmitting after the `n`-th EAGAIN in a row: doubling
+/// from 4 µs, capped at 4 ms (64 retries wait about 0.2 s in all).
+fn eagain_backoff(n: u32) -> std::time::Duration {
+    std::time::Duration::from_micros(4u64 << n.saturating_sub(1).min(10))
 }
 
 // SAFETY: as for Segment: the owning op keeps the memory alive and unaliased.
@@ -90,7 +101,26 @@ impl Piece {
     pub fn complete(&mut self, direction: Direction, res: i64) -> std::result::Result<bool, TransferError> {
         if res < 0 {
             let errno = (-res) as i32;
-            if errno == libc::EINTR || errno == libc::EAGAIN {
+            if errno == libc::EAGAIN {
+                // The device or file system asks to try again later: back
+                // off, and give up (naming EAGAIN) if it never gets better.
+                if self.eagain >= knobs::MAX_EAGAIN_RETRIES {
+                    let detail = format!("still EAGAIN after {} retries with backoff", self.eagain);
+                    return Err(self.error(direction, errno, Some(detail)));
+                }
+                self.eagain += 1;
+                std::thread::sleep(eagain_backoff(self.eagain));
+                return Ok(false);
+            }
+            if errno == libc::EINTR {
+                // A signal interrupted the transfer: resubmit at once. Only a
+                // signal storm with no byte moved in between could repeat
+                // this, so the bound is high and stops a livelock only.
+                if self.eintr >= knobs::MAX_EINTR_RETRIES {
+                    let detail = format!("interrupted {} times in a row without progress", self.eintr);
+                    return Err(self.error(direction, errno, Some(detail)));
+                }
+                self.eintr += 1;
                 return Ok(false);
             }
             return Err(self.error(direction, errno, None));
@@ -108,6 +138,8 @@ impl Piece {
             return Err(self.error(direction, libc::EIO, Some(format!("kernel reported {res} bytes, more than asked"))));
         }
         self.done += res;
+        self.eagain = 0;
+        self.eintr = 0;
         Ok(self.done == self.len)
     }
 }
@@ -126,6 +158,8 @@ pub(crate) fn pieces(segments: &[Segment], block_size: usize) -> impl Iterator<I
                 addr: unsafe { s.addr.add(off) },
                 len: block.min(s.len - off),
                 done: 0,
+                eagain: 0,
+                eintr: 0,
             }
         })
     })

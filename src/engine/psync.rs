@@ -66,14 +66,20 @@ struct Pool {
 impl Pool {
     fn start(count: usize) -> Pool {
         let (tx, rx) = mpsc::channel::<Arc<RunState>>();
-        let rx = Arc::new(Mutex::new(rx));
+        // Idle helpers queue for the receiver on std's futex mutex, not on
+        // parking_lot's: parking_lot keeps parked threads in a process-wide
+        // table, and a child made by fork() inherits entries for these
+        // threads, whose stacks glibc then hands to the child's new threads,
+        // corrupting that table (lost wake-ups, a hung `wait()` in a child
+        // that made a fresh handle).
+        let rx = Arc::new(std::sync::Mutex::new(rx));
         let threads = (0..count)
             .filter_map(|i| {
                 let rx = rx.clone();
                 std::thread::Builder::new()
                     .name(format!("deepnvme-psync-{i}"))
                     .spawn(move || loop {
-                        let next = rx.lock().recv();
+                        let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
                         let Ok(run) = next else { return };
                         // Whatever happens, the run must hear that this helper is done.
                         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.work())).is_err() {

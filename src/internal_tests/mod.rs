@@ -9,4 +9,5 @@ mod common;
 
 mod engines;
 mod plans;
+mod misuse;
 mod robustness;

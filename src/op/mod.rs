@@ -25,7 +25,7 @@ use crate::buffer::{BufferDesc, MemcpyStaging, Staging};
 use crate::engine::Knobs;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{FileTarget, OpenFile};
-use crate::pinned::{page_size, LockMode, PageAlignedBuffer, PinnedMemoryManager};
+use crate::pinned::{page_size, LockMode, PageAlignedBuffer, PinnedMemoryManager, RegionHold};
 use checks::{check_file_offset, check_read_extent, report_validation};
 use plan::{OpPlan, BUFFERED_FD_PLACEHOLDER};
 use work::{OpCompletion, OpMeta, PreparedOp};
@@ -56,7 +56,11 @@ enum IoMemory {
     /// The caller's buffer itself. `_keep_alive` is the caller's handle on it
     /// (the torch glue's reference to the tensor): it must live until the op
     /// finishes, or torch could free and reuse the memory under the I/O.
-    Direct { _keep_alive: Option<Box<dyn Staging>> },
+    ///
+    /// `_region` is the op's hold on the managed region the memory lies in
+    /// (when it does): freeing that region before the op finishes defers
+    /// its unmap until the hold is dropped, with the op.
+    Direct { _keep_alive: Option<Box<dyn Staging>>, _region: Option<RegionHold> },
     /// A bounce buffer and the way back to the caller's buffer. The I/O
     /// bytes start `skew` bytes in, so that memory and file offsets share
     /// their alignment and O_DIRECT can still be used for an unaligned offset.
@@ -80,6 +84,7 @@ pub(crate) struct CpuOp {
 unsafe impl Send for CpuOp {}
 
 /// Whether a buffer can be used for I/O without a bounce copy.
+#[cfg_attr(not(test), allow(dead_code))] // `CpuOp::prepare` decides this with the region hold
 pub(crate) fn is_direct_capable(buffer: &BufferDesc, manager: &PinnedMemoryManager) -> bool {
     buffer.is_host()
         && buffer.is_contiguous()
@@ -106,8 +111,13 @@ impl CpuOp {
             check_read_extent(&file, file_offset, len)?;
         }
 
-        let memory = if is_direct_capable(&buffer, manager) {
-            IoMemory::Direct { _keep_alive: staging }
+        // Taking the hold and deciding "managed" is one lookup, so a region
+        // freed concurrently is either held (and stays mapped) or not used
+        // directly at all.
+        let region = if buffer.is_host() && buffer.is_contiguous() { manager.hold(buffer.ptr(), buffer.len()) } else { None };
+        let direct = buffer.is_host() && buffer.is_contiguous() && (buffer.is_declared_pinned() || region.is_some());
+        let memory = if direct {
+            IoMemory::Direct { _keep_alive: staging, _region: region }
         } else {
             let mut staging: Box<dyn Staging> = match staging {
                 Some(s) => s,
@@ -200,14 +210,17 @@ impl OpCompletion for CpuOp {
     /// Dropping `self` then closes the op's descriptors and frees the bounce.
     fn finish(&mut self, outcome: Result<()>) -> Result<()> {
         outcome?;
-        if self.plan.direction == Direction::Write {
-            // A deferred write error (NFS, FUSE) only shows at close().
-            self.file.close_owned().map_err(|errno| self.close_error(errno))?;
-        }
         if self.validate {
+            // Before the op's descriptors close: an op on a caller's fd
+            // re-reads through its own description, never through the
+            // caller's number (which may name another file by now).
             // SAFETY: io_ptr covers len bytes that no one is writing now.
             let ours = unsafe { std::slice::from_raw_parts(self.io_ptr as *const u8, self.len) };
             report_validation(self.plan.direction, &self.file, self.file_offset, ours);
+        }
+        if self.plan.direction == Direction::Write {
+            // A deferred write error (NFS, FUSE) only shows at close().
+            self.file.close_owned().map_err(|errno| self.close_error(errno))?;
         }
         if self.plan.direction == Direction::Read {
             if let IoMemory::Bounce { buffer, skew, staging } = &mut self.memory {
