@@ -60,6 +60,9 @@ else
     echo "$STAMP" > "$STAMP_FILE"
 fi
 
+say "checking that the core imports without torch"
+"$PY" -c 'import sys; sys.modules["torch"] = None; import deepnvme._native as n; print("deepnvme._native (no torch):", n.engine_name())'
+
 say "checking that DeepSpeed's loader returns the Rust-backed ops"
 "$PY" - <<'PY'
 import deepnvme

@@ -8,26 +8,32 @@ would download a second torch just to compile against). Steps:
 
 1. cargo builds the Rust core, its cxx bridge and the pyo3 front end as one
    static library (`cargo rustc --crate-type staticlib --features python`).
-2. `deepnvme._native` links that library with the torch shims in cpp/src into
-   ONE shared object. It is the only copy of the core in the process, so the
+2. `deepnvme._native` is that library alone, linked by plain setuptools into
+   ONE shared object: no torch in its NEEDED list, no torch header in its
+   build. It is the only copy of the core in the process, so the
    pinned-memory manager and the engines are process-wide whatever order the
-   extensions load in.
-3. DeepSpeed's binding files are copied byte-for-byte from the installed
+   extensions load in, and it imports without torch.
+3. `deepnvme/libdeepnvme_torch.so` (a torch CppExtension, not a Python
+   module) is the torch glue in cpp/src, linked against _native.
+4. DeepSpeed's binding files are copied byte-for-byte from the installed
    deepspeed package (hashes checked and printed) and compiled unchanged
    against cpp/include into deepnvme.async_io, deepnvme.pin_memory and
-   deepnvme.gds, each linked against _native.
-4. A .pth file makes DeepSpeed's own op builders return these modules
+   deepnvme.gds, each linked against the glue (and through it, _native).
+5. A .pth file makes DeepSpeed's own op builders return these modules
    (see deepnvme/_deepspeed_hook.py); no DeepSpeed file is edited.
 """
 
 import json
 import os
+import re
+import struct
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext as plain_build_ext
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
@@ -38,6 +44,9 @@ from deepnvme._binding_sources import stage_binding_sources  # noqa: E402
 
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 NATIVE_FILE = "_native" + EXT_SUFFIX
+# The torch glue: a plain shared library in the package folder (no PyInit).
+GLUE_EXT = "deepnvme._torch_glue"
+GLUE_FILE = "libdeepnvme_torch.so"
 OPS = ("async_io", "pin_memory", "gds")
 CXX_FLAGS = ["-std=c++20", "-O2", "-g0", "-Wno-deprecated-declarations"]
 HOOK_PTH = "deepnvme-deepspeed.pth"
@@ -99,37 +108,96 @@ def cargo_build():
     return staticlib, str(include)
 
 
-def version_script(build_temp):
-    """Exports only what the DeepSpeed bindings and Python need; Rust and
-    torch internals stay local to _native."""
-    path = Path(build_temp) / "deepnvme_native.map"
+def archive_symbols(path):
+    """The global symbols an ar archive defines, read from its symbol index
+    (GNU "/" or "/SYM64/" member): no binutils needed."""
+    with open(path, "rb") as f:
+        if f.read(8) != b"!<arch>\n":
+            raise RuntimeError(f"deepnvme: {path} is not an ar archive")
+        header = f.read(60)
+        name = header[:16].decode().strip()
+        size = int(header[48:58].decode().strip())
+        if name not in ("/", "/SYM64/"):
+            raise RuntimeError(f"deepnvme: {path} has no symbol index (run ranlib)")
+        data = f.read(size)
+    width = 8 if name == "/SYM64/" else 4
+    count = struct.unpack(">Q" if width == 8 else ">I", data[:width])[0]
+    names = data[width * (count + 1):].split(b"\0")[:count]
+    return {n.decode() for n in names}
+
+
+# The C++ symbols of the cxx bridge (deepnvme::ffi::*, the functions Rust
+# implements) and of cxx's runtime (rust::cxxbridge1::*: Box, Slice, Error, ...),
+# including their vtables and typeinfo; not Rust's own legacy-mangled
+# symbols (which end in a 17h<hash>E).
+CORE_CXX_SYMBOL = re.compile(r"^_Z(?:T[VIS])?NK?(?:4rust10cxxbridge1|8deepnvme3ffi)")
+RUST_HASH = re.compile(r"17h[0-9a-f]{16}E")
+
+
+def core_exports(staticlib):
+    """What _native exports: PyInit__native for Python, and the bridge's C++
+    side for the torch glue. Everything else (Rust, the extern "C" shims
+    between the two halves of the bridge) stays local."""
+    symbols = sorted(
+        s for s in archive_symbols(staticlib) if CORE_CXX_SYMBOL.match(s) and not RUST_HASH.search(s)
+    )
+    if not any(s.startswith("_ZN8deepnvme3ffi") for s in symbols):
+        raise RuntimeError(f"deepnvme: {staticlib} holds no cxx bridge (deepnvme::ffi); was it built with --features python?")
+    return ["PyInit__native"] + symbols
+
+
+def write_version_script(build_temp, name, globals_text):
+    path = Path(build_temp) / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("""{
-  global:
-    PyInit__native;
-    extern "C++" {
+    path.write_text("{\n  global:\n" + globals_text + "  local: *;\n};\n")
+    return str(path)
+
+
+def core_link_args(build_temp, staticlib):
+    """_native: exactly the listed symbols exported (each also forced in from
+    the archive, which has no other root), bound to themselves."""
+    exports = core_exports(staticlib)
+    script = write_version_script(build_temp, "deepnvme_native.map", "".join(f"    {s};\n" for s in exports))
+    return [
+        f"-Wl,-soname,{NATIVE_FILE}",
+        *(f"-Wl,--undefined={s}" for s in exports),
+        f"-Wl,--version-script={script}",
+        "-Wl,-Bsymbolic",
+        "-Wl,-z,now",
+    ]
+
+
+def glue_version_script(build_temp):
+    """The glue exports the classes and functions DeepSpeed's binding files
+    call; torch and the bridge helpers stay local."""
+    return write_version_script(build_temp, "deepnvme_torch_glue.map", """    extern "C++" {
       *deepspeed_*;
       *io_op_desc_t*;
       *cpu_op_desc_t*;
-      *deepnvme::*;
       warn_consumer_ssd_writes*;
     };
-  local: *;
-};
 """)
-    return str(path)
 
 
 def make_extensions():
     from torch.utils.cpp_extension import CppExtension
 
     cpp = ROOT / "cpp"
-    native = CppExtension(
+    # The Rust core alone: its objects come from the static library (added
+    # by BuildDeepNVMe once cargo has built it). Linked with the C++ driver
+    # for libstdc++ (the cxx bridge is C++); nothing of torch.
+    native = Extension(
         name="deepnvme._native",
+        sources=[],
+        language="c++",
+        libraries=["pthread", "dl", "rt", "m", "util"],
+    )
+    glue = CppExtension(
+        name=GLUE_EXT,
         sources=sorted(str(p) for p in (cpp / "src").glob("*.cc")),
         include_dirs=[str(cpp / "include"), str(cpp / "src")],
         extra_compile_args={"cxx": CXX_FLAGS},
-        libraries=["pthread", "dl", "rt", "m", "util"],
+        libraries=[f":{NATIVE_FILE}"],
     )
     ops = [
         CppExtension(
@@ -137,19 +205,26 @@ def make_extensions():
             sources=[],  # filled in by BuildDeepNVMe with the staged binding file
             include_dirs=[str(cpp / "include")],
             extra_compile_args={"cxx": CXX_FLAGS},
-            libraries=[f":{NATIVE_FILE}"],
+            libraries=[f":{GLUE_FILE}"],
             extra_link_args=["-Wl,-rpath,$ORIGIN"],
         )
         for op in OPS
     ]
-    return [native] + ops
+    return [native, glue] + ops
 
 
 def build_ext_class():
     from torch.utils.cpp_extension import BuildExtension
 
     class BuildDeepNVMe(BuildExtension):
-        """Builds the Rust core first, then _native, then the DeepSpeed ops."""
+        """Builds the Rust core first, then _native (plain setuptools), then
+        the torch glue, then the DeepSpeed ops."""
+
+        def get_ext_filename(self, fullname):
+            # The glue is a library the ops link against, not a Python module.
+            if fullname in (GLUE_EXT, GLUE_EXT.split(".")[-1]):
+                return os.path.join(*fullname.split(".")[:-1], GLUE_FILE)
+            return super().get_ext_filename(fullname)
 
         def build_extensions(self):
             staticlib, cxx_include = cargo_build()
@@ -157,19 +232,24 @@ def build_ext_class():
             native_dir = str(Path(self.get_ext_fullpath("deepnvme._native")).parent)
             for ext in self.extensions:
                 if ext.name == "deepnvme._native":
-                    ext.include_dirs.append(cxx_include)
                     ext.extra_objects = [staticlib]
+                    ext.extra_link_args = core_link_args(self.build_temp, staticlib)
+                elif ext.name == GLUE_EXT:
+                    ext.include_dirs.append(cxx_include)
+                    ext.library_dirs.append(native_dir)
                     ext.extra_link_args = [
-                        f"-Wl,-soname,{NATIVE_FILE}",
-                        "-Wl,--undefined=PyInit__native",
-                        f"-Wl,--version-script={version_script(self.build_temp)}",
+                        f"-Wl,-soname,{GLUE_FILE}",
+                        "-Wl,-rpath,$ORIGIN",
+                        f"-Wl,--version-script={glue_version_script(self.build_temp)}",
                     ]
                 else:
                     op = ext.name.split(".")[-1]
                     ext.sources = [str(staged[op])]
                     ext.library_dirs.append(native_dir)
-            # _native first (the ops link against it), then the three ops in
-            # parallel: each is one slow torch translation unit.
+                    ext.extra_link_args.append(f"-Wl,-rpath-link,{native_dir}")
+            # _native first, with setuptools' own build_ext (torch's adds
+            # torch flags); then the glue, which links against it; then the
+            # three ops in parallel: each is one slow torch translation unit.
             # torch's ninja build writes one build.ninja per build directory,
             # so parallel extensions must not use it: the ops are compiled
             # directly (one file each), with the compiler's plain compile.
@@ -177,8 +257,10 @@ def build_ext_class():
             plain_compile = self.compiler.compile
             try:
                 self.extensions = [e for e in everything if e.name == "deepnvme._native"]
+                plain_build_ext.build_extensions(self)
+                self.extensions = [e for e in everything if e.name == GLUE_EXT]
                 super().build_extensions()
-                self.extensions = [e for e in everything if e.name != "deepnvme._native"]
+                self.extensions = [e for e in everything if e.name not in ("deepnvme._native", GLUE_EXT)]
                 self.compiler.compile = plain_compile
                 self.use_ninja = False
                 self.parallel = max(1, min(len(self.extensions), os.cpu_count() or 1))

@@ -1,7 +1,8 @@
 //! The pyo3 front end: the Python module `deepnvme._native`.
 //!
-//! The module lives in the same shared object as the Rust core and the C++
-//! shims, so what it reports (engine, pinned regions) is the state that the
+//! The module lives in the torch-free shared object that holds the Rust core
+//! (the torch glue, `libdeepnvme_torch.so`, links against it), so what it
+//! reports (engine, pinned regions, statistics) is the state that the
 //! DeepSpeed extensions built against this core share. It is also how the
 //! core reaches Python for DeepSpeed's one-time write warning.
 

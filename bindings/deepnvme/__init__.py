@@ -12,7 +12,9 @@ deepnvme's headers:
 * ``deepnvme.gds``        -- ``gds_handle``
 
 ``deepnvme._native`` is the Rust core itself (pyo3): one shared object that
-every op links against, so there is one pinned-memory manager per process.
+every op reaches (through the torch glue, ``libdeepnvme_torch.so``), so there
+is one pinned-memory manager per process. It links nothing of torch, so it
+imports without torch.
 
 This module imports nothing heavy at import time: a .pth file imports it at
 interpreter start to hook DeepSpeed's op builders (see _deepspeed_hook).
@@ -28,8 +30,9 @@ OPS = ("async_io", "pin_memory", "gds")
 
 
 def native():
-    """The Rust core's Python module (engine, pinned stats, GDS status)."""
-    import torch  # noqa: F401  (_native links libtorch; torch loads it first)
+    """The Rust core's Python module (engine, pinned stats, GDS status).
+
+    Needs no torch: _native links nothing of it."""
     return importlib.import_module("deepnvme._native")
 
 
@@ -37,7 +40,7 @@ def load_op(name):
     """The DeepNVMe op module `name` ('async_io', 'pin_memory' or 'gds')."""
     if name not in OPS:
         raise ValueError(f"deepnvme has no op {name!r}; it provides {', '.join(OPS)}")
-    import torch  # noqa: F401
+    import torch  # noqa: F401  (the ops' torch glue links libtorch; torch loads it first)
     return importlib.import_module(f"deepnvme.{name}")
 
 

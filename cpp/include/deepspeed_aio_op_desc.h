@@ -6,7 +6,11 @@
 // between it and a host bounce buffer when Rust asks.
 //
 // This header is torch-free on purpose: the cxx bridge includes it, and the
-// bridge is compiled by cargo without torch or CUDA.
+// bridge is compiled by cargo without torch or CUDA into the core object
+// (deepnvme._native), which links nothing of torch. The core only deletes and
+// calls these objects through the vtable, so it references no symbol of this
+// class: the key function (the destructor), and with it the vtable and
+// typeinfo, is defined in the torch glue (cpp/src/tensor_glue.cc).
 #pragma once
 
 #include <cstddef>

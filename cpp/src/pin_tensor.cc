@@ -6,8 +6,9 @@
 
 std::shared_ptr<deepspeed_pin_tensor_t> deepspeed_pin_tensor_t::shared()
 {
-    // One per process: this object file is linked only into deepnvme's core
-    // shared object. The state it fronts is Rust's, which is also unique.
+    // One per process: this object file is linked only into deepnvme's torch
+    // glue (libdeepnvme_torch.so), which every op links against. The state it
+    // fronts is Rust's, in the one core object (_native), also unique.
     static auto manager = std::make_shared<deepspeed_pin_tensor_t>();
     return manager;
 }
