@@ -103,6 +103,24 @@ fn gds_environment(py: Python<'_>) -> PyResult<String> {
     py.detach(crate::gds::environment_summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
+/// The process's I/O statistics (every handle, every front end): a dict of
+/// ops, failed_ops, bytes_read, bytes_written, bounced_bytes, io_time_s,
+/// p50_us and p99_us (None before the first op).
+#[pyfunction]
+fn stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let s = crate::stats::process();
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("ops", s.ops)?;
+    d.set_item("failed_ops", s.failed_ops)?;
+    d.set_item("bytes_read", s.bytes_read)?;
+    d.set_item("bytes_written", s.bytes_written)?;
+    d.set_item("bounced_bytes", s.bounced_bytes)?;
+    d.set_item("io_time_s", s.io_time.as_secs_f64())?;
+    d.set_item("p50_us", s.p50.map(|v| v.as_micros() as u64))?;
+    d.set_item("p99_us", s.p99.map(|v| v.as_micros() as u64))?;
+    Ok(d)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -112,5 +130,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memlock_rlimit, m)?)?;
     m.add_function(wrap_pyfunction!(gds_unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(gds_environment, m)?)?;
+    m.add_function(wrap_pyfunction!(stats, m)?)?;
     Ok(())
 }

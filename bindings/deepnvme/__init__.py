@@ -23,7 +23,7 @@ interpreter start to hook DeepSpeed's op builders (see _deepspeed_hook).
 import importlib
 import importlib.util
 
-__all__ = ["OPS", "load_op", "op_unavailable_reason", "native"]
+__all__ = ["OPS", "load_op", "op_unavailable_reason", "native", "stats"]
 __version__ = "0.1.0"
 
 OPS = ("async_io", "pin_memory", "gds")
@@ -34,6 +34,15 @@ def native():
 
     Needs no torch: _native links nothing of it."""
     return importlib.import_module("deepnvme._native")
+
+
+def stats():
+    """What deepnvme did in this process, over every handle and front end:
+    a dict with ops, failed_ops, bytes_read, bytes_written, bounced_bytes
+    (bytes that went through a bounce buffer because the memory was not
+    page-locked), io_time_s, p50_us and p99_us (per-op latency). Set
+    DEEPNVME_STATS=1 to print it on stderr at exit."""
+    return native().stats()
 
 
 def load_op(name):
