@@ -67,6 +67,11 @@ pub const CUDA_LIB_ENV: &str = "DEEPNVME_CUDA_LIB";
 /// cuFile's own variable naming its JSON config; a user's value is kept.
 pub const CUFILE_ENV_PATH_JSON: &str = "CUFILE_ENV_PATH_JSON";
 
+/// The most bytes of idle bounce buffers kept for reuse, in MiB.
+pub const BOUNCE_POOL_MB_ENV: &str = "DEEPNVME_BOUNCE_POOL_MB";
+/// Default of [`BOUNCE_POOL_MB_ENV`].
+pub const DEFAULT_BOUNCE_POOL_MB: usize = 1024;
+
 /// `1`: print the process's I/O statistics on stderr at exit.
 pub const STATS_ENV: &str = "DEEPNVME_STATS";
 
@@ -129,6 +134,12 @@ pub const VARIABLES: &[EnvVar] = &[
         scope: Scope::Core,
         default: "a private config (DeepSpeed's keys) unless `/etc/cufile.json` exists",
         meaning: "cuFile's config file; a value the user set is never replaced",
+    },
+    EnvVar {
+        name: BOUNCE_POOL_MB_ENV,
+        scope: Scope::Core,
+        default: "`1024`",
+        meaning: "MiB of idle bounce buffers (for unpinned, device or strided memory) kept for reuse; `0` keeps none",
     },
     EnvVar {
         name: STATS_ENV,
@@ -240,6 +251,8 @@ pub struct Settings {
     pub cuda_lib: Option<String>,
     /// [`STATS_ENV`] is `1`.
     pub stats_at_exit: bool,
+    /// [`BOUNCE_POOL_MB_ENV`] in bytes.
+    pub bounce_pool_max_bytes: usize,
 }
 
 fn non_blank(name: &str) -> Option<String> {
@@ -270,6 +283,10 @@ impl Settings {
             cufile_lib: non_blank(CUFILE_LIB_ENV),
             cuda_lib: non_blank(CUDA_LIB_ENV),
             stats_at_exit: std::env::var(STATS_ENV).as_deref() == Ok("1"),
+            bounce_pool_max_bytes: non_blank(BOUNCE_POOL_MB_ENV)
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(DEFAULT_BOUNCE_POOL_MB)
+                .saturating_mul(1 << 20),
         }
     }
 }

@@ -70,6 +70,7 @@ mod handle;
 mod json;
 mod log;
 mod op;
+mod staging;
 
 pub mod deepspeed;
 pub mod gds;

@@ -89,6 +89,17 @@ impl PageAlignedBuffer {
     /// `BestEffort` the buffer stays unlocked (bounce buffers only need to be
     /// aligned, locking just makes them faster).
     pub fn new(len: usize, lock: LockMode) -> Result<Self> {
+        Self::map(len, lock, false)
+    }
+
+    /// Maps `len` bytes with every page faulted in now (`MAP_POPULATE`), so
+    /// that the first copy into it takes no page faults: the bounce pool's
+    /// buffers, which are reused op after op.
+    pub(crate) fn new_populated(len: usize) -> Result<Self> {
+        Self::map(len, LockMode::None, true)
+    }
+
+    fn map(len: usize, lock: LockMode, populate: bool) -> Result<Self> {
         let page = page_size();
         let mapped = len.max(1).checked_add(page - 1).map(|v| v / page * page).ok_or_else(|| {
             Error::Alloc { bytes: len, source: io::Error::from_raw_os_error(libc::ENOMEM) }
@@ -99,7 +110,7 @@ impl PageAlignedBuffer {
                 std::ptr::null_mut(),
                 mapped,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if populate { libc::MAP_POPULATE } else { 0 },
                 -1,
                 0,
             )

@@ -22,6 +22,7 @@ use std::sync::OnceLock;
 
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::knobs::{self, EngineChoice};
+use crate::staging::BounceCopy;
 
 /// One contiguous range to move. The memory must stay valid, and must not be
 /// touched by anyone else, until the engine's `run` returns.
@@ -194,7 +195,19 @@ pub trait Engine: Send {
     #[cfg_attr(not(test), allow(dead_code))] // the engine tests check which one they got
     fn kind(&self) -> EngineKind;
     /// Moves every segment; returns only when nothing is in flight.
-    fn run(&mut self, direction: Direction, segments: &[Segment], knobs: &Knobs) -> std::result::Result<(), TransferError>;
+    #[cfg_attr(not(test), allow(dead_code))] // the core runs `run_with`; the engine tests `run`
+    fn run(&mut self, direction: Direction, segments: &[Segment], knobs: &Knobs) -> std::result::Result<(), TransferError> {
+        self.run_with(direction, segments, knobs, None)
+    }
+    /// As `run`, with a bounced read's copy-out done piece by piece:
+    /// `copy.after_complete` as soon as each piece has completed.
+    fn run_with(
+        &mut self,
+        direction: Direction,
+        segments: &[Segment],
+        knobs: &Knobs,
+        copy: Option<&BounceCopy>,
+    ) -> std::result::Result<(), TransferError>;
     /// True once the engine cannot be trusted with another run (its ring
     /// failed); the owner replaces it.
     fn is_broken(&self) -> bool {

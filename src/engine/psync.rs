@@ -17,6 +17,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::{move_piece_blocking, pieces, Engine, EngineKind, Knobs, Piece, Segment};
 use crate::error::{Direction, TransferError};
+use crate::staging::BounceCopy;
 
 /// More threads than this per worker buys nothing on NVMe.
 pub const MAX_THREADS: usize = 16;
@@ -24,6 +25,7 @@ pub const MAX_THREADS: usize = 16;
 /// One run's pieces, shared by the threads that move them.
 struct RunState {
     direction: Direction,
+    copy: Option<BounceCopy>,
     pieces: Vec<Piece>,
     next: AtomicUsize,
     failed: AtomicBool,
@@ -40,7 +42,7 @@ impl RunState {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             let Some(piece) = self.pieces.get(i) else { return };
             let mut piece = *piece;
-            if let Err(e) = move_piece_blocking(self.direction, &mut piece) {
+            if let Err(e) = move_piece(self.direction, &mut piece, self.copy.as_ref()) {
                 self.failed.store(true, Ordering::Relaxed);
                 self.first_error.lock().get_or_insert(e);
                 return;
@@ -55,6 +57,15 @@ impl RunState {
             self.helpers_done.notify_all();
         }
     }
+}
+
+/// Moves one piece, then the bounce path's copy-out of a read.
+fn move_piece(direction: Direction, piece: &mut Piece, copy: Option<&BounceCopy>) -> Result<(), TransferError> {
+    move_piece_blocking(direction, piece)?;
+    if let Some(copy) = copy {
+        copy.after_complete(piece);
+    }
+    Ok(())
 }
 
 /// Helper threads that take runs from a shared queue.
@@ -128,18 +139,25 @@ impl Engine for PsyncEngine {
         EngineKind::Psync
     }
 
-    fn run(&mut self, direction: Direction, segments: &[Segment], knobs: &Knobs) -> Result<(), TransferError> {
+    fn run_with(
+        &mut self,
+        direction: Direction,
+        segments: &[Segment],
+        knobs: &Knobs,
+        copy: Option<&BounceCopy>,
+    ) -> Result<(), TransferError> {
         let all: Vec<Piece> = pieces(segments, knobs.block_size).collect();
         let threads = self.max_threads.min(knobs.queue_depth.max(1)).min(all.len());
         if threads <= 1 {
             for mut p in all {
-                move_piece_blocking(direction, &mut p)?;
+                move_piece(direction, &mut p, copy)?;
             }
             return Ok(());
         }
         let pool = self.pool.get_or_insert_with(|| Pool::start(self.max_threads - 1));
         let state = Arc::new(RunState {
             direction,
+            copy: copy.copied(),
             pieces: all,
             next: AtomicUsize::new(0),
             failed: AtomicBool::new(false),

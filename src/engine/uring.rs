@@ -17,6 +17,7 @@ use io_uring::{opcode, types, IoUring};
 
 use super::{pieces, Engine, EngineKind, Knobs, Piece, Segment};
 use crate::error::{Direction, Error, Result, TransferError};
+use crate::staging::BounceCopy;
 
 pub struct UringEngine {
     ring: IoUring,
@@ -116,7 +117,13 @@ impl Engine for UringEngine {
         self.broken
     }
 
-    fn run(&mut self, direction: Direction, segments: &[Segment], knobs: &Knobs) -> std::result::Result<(), TransferError> {
+    fn run_with(
+        &mut self,
+        direction: Direction,
+        segments: &[Segment],
+        knobs: &Knobs,
+        copy: Option<&BounceCopy>,
+    ) -> std::result::Result<(), TransferError> {
         let first_fd = segments.first().map(|s| s.fd).unwrap_or(-1);
         let first_offset = segments.first().map(|s| s.file_offset).unwrap_or(0);
         let ring_error = |errno: i32| TransferError {
@@ -171,6 +178,9 @@ impl Engine for UringEngine {
                 let mut piece = self.slots[slot].take().expect("completion for an empty slot");
                 match piece.complete(direction, res as i64) {
                     Ok(true) => {
+                        if let Some(copy) = copy {
+                            copy.after_complete(&piece);
+                        }
                         self.free_slots.push(slot);
                         in_flight -= 1;
                     }

@@ -25,7 +25,8 @@ use crate::buffer::{BufferDesc, MemcpyStaging, Staging};
 use crate::engine::Knobs;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{FileTarget, OpenFile};
-use crate::pinned::{page_size, LockMode, PageAlignedBuffer, PinnedMemoryManager, RegionHold};
+use crate::pinned::{page_size, PinnedMemoryManager, RegionHold};
+use crate::staging::{BounceCopy, StagingBuffer};
 use checks::{check_file_offset, check_read_extent, report_validation};
 use plan::{OpPlan, BUFFERED_FD_PLACEHOLDER};
 use work::{OpCompletion, OpMeta, PreparedOp};
@@ -61,10 +62,17 @@ enum IoMemory {
     /// (when it does): freeing that region before the op finishes defers
     /// its unmap until the hold is dropped, with the op.
     Direct { _keep_alive: Option<Box<dyn Staging>>, _region: Option<RegionHold> },
-    /// A bounce buffer and the way back to the caller's buffer. The I/O
-    /// bytes start `skew` bytes in, so that memory and file offsets share
-    /// their alignment and O_DIRECT can still be used for an unaligned offset.
-    Bounce { buffer: PageAlignedBuffer, skew: usize, staging: Box<dyn Staging> },
+    /// A bounce buffer (from the reuse pool) and the way back to the
+    /// caller's buffer. The I/O bytes start `skew` bytes in, so that memory
+    /// and file offsets share their alignment and O_DIRECT can still be used
+    /// for an unaligned offset. `piecewise`: a read into contiguous host
+    /// memory, which the engines copy out block by block as each completes
+    /// (the plan's `bounce_copy`); else `staging` copies the whole buffer
+    /// after a read (device or strided memory). A write always copies the
+    /// whole buffer when it is submitted (DeepSpeed's semantics: the caller
+    /// may reuse its tensor as soon as an async write returns), with several
+    /// threads for large host buffers.
+    Bounce { buffer: StagingBuffer, skew: usize, staging: Box<dyn Staging>, piecewise: bool },
 }
 
 /// One prepared transfer. Owns its descriptors and bounce buffer; dropping
@@ -131,17 +139,36 @@ impl CpuOp {
                 },
             };
             // Unlocked: O_DIRECT needs alignment, not locking, and locked
-            // bounce buffers would eat into RLIMIT_MEMLOCK.
+            // bounce buffers would eat into RLIMIT_MEMLOCK. Pooled and
+            // pre-faulted: no allocation or page faults per op.
             let skew = (file_offset % page_size() as u64) as usize;
-            let mut bounce = PageAlignedBuffer::new(skew + len, LockMode::None)?;
+            let mut bounce = StagingBuffer::take(skew + len)?;
+            let host = buffer.is_host() && buffer.is_contiguous();
             if direction == Direction::Write {
-                staging.copy_to_bounce(&mut bounce.as_mut_slice()[skew..])?;
+                let dst = &mut bounce.slice_mut(skew + len)[skew..];
+                if host {
+                    // SAFETY: BufferDesc's contract: `len` valid bytes at ptr.
+                    let src = unsafe { std::slice::from_raw_parts(buffer.ptr() as *const u8, len) };
+                    crate::staging::parallel_copy(dst, src);
+                } else {
+                    staging.copy_to_bounce(dst)?;
+                }
             }
-            IoMemory::Bounce { buffer: bounce, skew, staging }
+            let piecewise = host && direction == Direction::Read;
+            IoMemory::Bounce { buffer: bounce, skew, staging, piecewise }
         };
-        let io_ptr = match &memory {
-            IoMemory::Direct { .. } => buffer.ptr(),
-            IoMemory::Bounce { buffer, skew, .. } => buffer.as_ptr().wrapping_add(*skew),
+        let (io_ptr, bounce_copy) = match &memory {
+            IoMemory::Direct { .. } => (buffer.ptr(), None),
+            IoMemory::Bounce { buffer: bounce, skew, piecewise, .. } => {
+                let io_ptr = bounce.as_ptr().wrapping_add(*skew);
+                let copy = piecewise.then_some(BounceCopy {
+                    direction,
+                    bounce: io_ptr as usize,
+                    caller: buffer.ptr() as usize,
+                    len,
+                });
+                (io_ptr, copy)
+            }
         };
 
         let direct = file.direct();
@@ -161,6 +188,7 @@ impl CpuOp {
             slices,
             knobs,
             direct_knobs,
+            bounce_copy,
         });
         Ok(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate })
     }
@@ -223,8 +251,8 @@ impl OpCompletion for CpuOp {
             self.file.close_owned().map_err(|errno| self.close_error(errno))?;
         }
         if self.plan.direction == Direction::Read {
-            if let IoMemory::Bounce { buffer, skew, staging } = &mut self.memory {
-                staging.copy_from_bounce(&buffer.as_slice()[*skew..])?;
+            if let IoMemory::Bounce { buffer, skew, staging, piecewise: false } = &mut self.memory {
+                staging.copy_from_bounce(&buffer.slice(*skew + self.len)[*skew..])?;
             }
         }
         Ok(())

@@ -21,6 +21,7 @@ use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::DioAlignment;
 use crate::op::work::OpWork;
 use crate::pinned::page_size;
+use crate::staging::BounceCopy;
 
 /// Stands for the buffered descriptor until the op opens it: planning runs
 /// once, before the op knows whether it needs that descriptor.
@@ -53,6 +54,9 @@ pub(crate) struct OpPlan {
     pub knobs: Knobs,
     /// `knobs` with the block size rounded to the O_DIRECT alignment.
     pub direct_knobs: Knobs,
+    /// A bounced op on contiguous host memory: the engines copy each block
+    /// between the caller's memory and the bounce buffer next to its I/O.
+    pub bounce_copy: Option<BounceCopy>,
 }
 
 impl OpPlan {
@@ -74,10 +78,10 @@ impl OpPlan {
         let Some(slice) = self.slices.get(index) else { return Ok(()) };
         let attach = |e: TransferError| self.name_target(e);
         if !slice.buffered.is_empty() {
-            engine.run(self.direction, &slice.buffered, &self.knobs).map_err(attach)?;
+            engine.run_with(self.direction, &slice.buffered, &self.knobs, self.bounce_copy.as_ref()).map_err(attach)?;
         }
         if !slice.direct.is_empty() {
-            engine.run(self.direction, &slice.direct, &self.direct_knobs).map_err(attach)?;
+            engine.run_with(self.direction, &slice.direct, &self.direct_knobs, self.bounce_copy.as_ref()).map_err(attach)?;
         }
         Ok(())
     }
