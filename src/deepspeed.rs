@@ -173,8 +173,7 @@ impl Handle {
         let start = Instant::now();
         let rc = code(request.into_op().and_then(|op| blocking(|| self.core.transfer_inline(op))).map(|()| 0))?;
         if rc == 0 {
-            let usec = start.elapsed().as_secs_f64() * 1e6;
-            crate::log::stdout_line(&format!("Elapsed time(usec): aio = {usec:.0} call = {usec:.0}"));
+            elapsed_line(start);
         }
         Ok(rc)
     }
@@ -220,7 +219,8 @@ impl Drop for Handle {
 }
 
 /// `aio_read`/`aio_write`: a one-shot whole-buffer transfer on the calling
-/// thread with the given knobs; 0, or -1.
+/// thread with the given knobs; 0, or -1. No handle (no worker threads) is
+/// made: the calling thread's cached engine moves the bytes.
 pub fn one_shot(
     request: Request<'_>,
     block_size: i64,
@@ -228,11 +228,25 @@ pub fn one_shot(
     single_submit: bool,
     overlap_events: bool,
 ) -> Result<i32> {
-    let handle = match Handle::new(block_size, queue_depth, single_submit, overlap_events, 1, false) {
-        Ok(h) => h,
+    let config = match HandleConfig::from_deepspeed(block_size, queue_depth, single_submit, overlap_events, 1) {
+        Ok(c) => c,
         Err(e) => return code(Err(e)),
     };
-    handle.transfer_inline(request)
+    if request.direction == Direction::Write {
+        write_warning::emit();
+    }
+    let start = Instant::now();
+    let rc = code(request.into_op().and_then(|op| blocking(|| IoHandle::transfer_once(&config, op))).map(|()| 0))?;
+    if rc == 0 {
+        elapsed_line(start);
+    }
+    Ok(rc)
+}
+
+/// DeepSpeed's `read`/`write` print this on stdout.
+fn elapsed_line(start: Instant) {
+    let usec = start.elapsed().as_secs_f64() * 1e6;
+    crate::log::stdout_line(&format!("Elapsed time(usec): aio = {usec:.0} call = {usec:.0}"));
 }
 
 /// `deepspeed_memcpy(dest, src)`: copies `dest.size(0)` 4-byte elements,

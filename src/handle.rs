@@ -32,7 +32,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::buffer::{BufferDesc, IoBuffer, Location, Staging};
 use crate::config::HandleConfig;
-use crate::engine::{self, Engine, EngineKind};
+use crate::engine::{self, Engine, EngineKind, Submitter};
 use crate::error::{panic_text, Direction, Error, Result};
 use crate::file::FileTarget;
 use crate::gds::{GdsDriver, GdsDriverGuard};
@@ -127,8 +127,8 @@ struct Worker {
 /// Creates the engine a worker uses; when io_uring cannot be set up for this
 /// worker (e.g. a ring hits RLIMIT_MEMLOCK on an old kernel), falls back to
 /// psync and says so once.
-fn worker_engine(kind: EngineKind, queue_depth: usize) -> Box<dyn Engine> {
-    match engine::create(kind, queue_depth) {
+fn worker_engine(kind: EngineKind, queue_depth: usize, submitter: Submitter) -> Box<dyn Engine> {
+    match engine::create_for(kind, queue_depth, submitter) {
         Ok(e) => e,
         Err(err) => {
             crate::log::info_once("worker-engine-fallback", &format!("{err}; this worker uses the psync engine"));
@@ -138,13 +138,14 @@ fn worker_engine(kind: EngineKind, queue_depth: usize) -> Box<dyn Engine> {
 }
 
 fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<Job>) {
-    let mut engine = worker_engine(kind, queue_depth);
+    // The worker's engine is made on, and only ever used by, this thread.
+    let mut engine = worker_engine(kind, queue_depth, Submitter::OneThread);
     for job in jobs {
         let clean = job.run(engine.as_mut());
         // A ring that failed (or a run that panicked midway) is not trusted
         // with the next op: start a fresh engine.
         if !clean || engine.is_broken() {
-            engine = worker_engine(kind, queue_depth);
+            engine = worker_engine(kind, queue_depth, Submitter::OneThread);
         }
     }
 }
@@ -589,7 +590,8 @@ impl IoHandle {
         let plan = op.plan().clone();
         let outcome = {
             let mut slot = self.inline_engine.lock();
-            let engine = slot.get_or_insert_with(|| worker_engine(self.engine_kind, self.config.queue_depth));
+            let engine = slot
+                .get_or_insert_with(|| worker_engine(self.engine_kind, self.config.queue_depth, Submitter::AnyThread));
             let outcome = catch_unwind(AssertUnwindSafe(|| plan.run_slice(0, engine.as_mut()).map_err(Error::from)))
                 .unwrap_or_else(|p| Err(Error::Engine(format!("internal error (panic) in a transfer: {}", panic_text(&*p)))));
             if engine.is_broken() {
@@ -599,6 +601,32 @@ impl IoHandle {
         };
         let result = op.finish(outcome);
         self.record(meta, result.is_ok(), started);
+        result
+    }
+
+    /// One unsplit synchronous transfer on the calling thread with `config`'s
+    /// knobs, without a handle (DeepSpeed's `aio_read`/`aio_write`): no
+    /// worker threads are started; the engine is kept per calling thread and
+    /// reused by its next call.
+    pub fn transfer_once(config: &HandleConfig, request: OpRequest<'_>) -> Result<()> {
+        config.validate()?;
+        let kind = resolve_engine(config)?;
+        let started = Instant::now();
+        let mut op = CpuOp::prepare(request, 1, config.transfer_knobs(), PinnedMemoryManager::shared())?;
+        let meta = op.meta();
+        let plan = op.plan().clone();
+        let outcome = with_thread_engine(kind, config.queue_depth, |engine| {
+            catch_unwind(AssertUnwindSafe(|| plan.run_slice(0, engine).map_err(Error::from)))
+                .unwrap_or_else(|p| Err(Error::Engine(format!("internal error (panic) in a transfer: {}", panic_text(&*p)))))
+        });
+        let result = op.finish(outcome);
+        stats::process_counters().record(&OpRecord {
+            direction: meta.direction,
+            bytes: meta.bytes,
+            bounced_bytes: meta.bounced_bytes,
+            ok: result.is_ok(),
+            latency: started.elapsed(),
+        });
         result
     }
 
@@ -654,6 +682,34 @@ impl IoHandle {
             }
         }
     }
+}
+
+/// The calling thread's engine for one-shot transfers: (process, kind, queue
+/// depth, engine). A different kind or depth replaces it; so does a fork
+/// (the child's thread would share the parent's ring: it is leaked, never
+/// used, never torn down in the child).
+type ThreadEngine = Option<(u32, EngineKind, usize, Box<dyn Engine>)>;
+
+thread_local! {
+    static THREAD_ENGINE: std::cell::RefCell<ThreadEngine> = const { std::cell::RefCell::new(None) };
+}
+
+fn with_thread_engine<T>(kind: EngineKind, queue_depth: usize, f: impl FnOnce(&mut dyn Engine) -> T) -> T {
+    let pid = std::process::id();
+    THREAD_ENGINE.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let reusable = matches!(&*slot, Some((p, k, q, e)) if *p == pid && *k == kind && *q == queue_depth && !e.is_broken());
+        if !reusable {
+            if let Some((p, _, _, engine)) = slot.take() {
+                if p != pid {
+                    std::mem::forget(engine);
+                }
+            }
+            *slot = Some((pid, kind, queue_depth, worker_engine(kind, queue_depth, Submitter::AnyThread)));
+        }
+        let (_, _, _, engine) = slot.as_mut().expect("thread engine");
+        f(engine.as_mut())
+    })
 }
 
 /// File offsets are `i64` in DeepSpeed's API; the safe calls take `u64`.

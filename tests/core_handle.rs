@@ -323,3 +323,34 @@ fn validate_prints_pass_and_fail() {
         );
     }
 }
+
+/// `aio_read`/`aio_write`'s path: a transfer without a handle starts no
+/// threads and, called again on the same thread, opens no new ring.
+#[test]
+fn transfer_once_starts_no_threads_and_reuses_its_engine() {
+    let _g = serial();
+    let dir = TempDir::new("once");
+    let threads = || std::fs::read_dir("/proc/self/task").unwrap().count();
+    for engine in engines() {
+        let config = deepnvme::HandleConfig { engine: Some(engine), queue_depth: 8, ..config(engine) };
+        let data = pattern(21, 100_001);
+        let path = dir.file(&format!("once-{engine:?}.bin"));
+        let mut src = data.clone();
+        let write = |buf: &mut Vec<u8>| {
+            deepnvme::IoHandle::transfer_once(&config, request(Direction::Write, FileTarget::Path(&path), 3, heap_desc(buf)))
+        };
+        write(&mut src).unwrap(); // the first call makes the thread's engine
+        let (fds, tasks) = (open_fd_count(), threads());
+        for _ in 0..20 {
+            write(&mut src).unwrap();
+            let mut back = vec![0u8; data.len()];
+            deepnvme::IoHandle::transfer_once(&config, request(Direction::Read, FileTarget::Path(&path), 3, heap_desc(&mut back)))
+                .unwrap();
+            assert_bytes_eq(&back, &data, &format!("{engine:?} one-shot round trip"));
+        }
+        assert_eq!(open_fd_count(), fds, "{engine:?}: one-shot transfers leak no descriptors (the ring is reused)");
+        if engine == EngineKind::Uring {
+            assert_eq!(threads(), tasks, "one-shot io_uring transfers start no threads");
+        }
+    }
+}

@@ -215,10 +215,28 @@ pub trait Engine: Send {
     }
 }
 
+/// Which threads submit to an engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Submitter {
+    /// Only the thread that creates the engine (a handle's worker): its
+    /// io_uring ring is set up `SINGLE_ISSUER | COOP_TASKRUN` where the
+    /// kernel has them, which saves the kernel locking and interrupts.
+    OneThread,
+    /// Any thread, one at a time (the engine of a handle's blocking
+    /// `read`/`write`, which run on the caller's thread).
+    AnyThread,
+}
+
 /// Creates an engine able to keep `queue_depth` requests in flight.
+#[cfg_attr(not(test), allow(dead_code))] // the handle uses `create_for`; the engine tests this
 pub fn create(kind: EngineKind, queue_depth: usize) -> Result<Box<dyn Engine>> {
+    create_for(kind, queue_depth, Submitter::AnyThread)
+}
+
+/// As [`create`], for engines only one thread submits to.
+pub(crate) fn create_for(kind: EngineKind, queue_depth: usize, submitter: Submitter) -> Result<Box<dyn Engine>> {
     match kind {
-        EngineKind::Uring => Ok(Box::new(uring::UringEngine::new(queue_depth)?)),
+        EngineKind::Uring => Ok(Box::new(uring::UringEngine::with_submitter(queue_depth, submitter)?)),
         EngineKind::Psync => Ok(Box::new(psync::PsyncEngine::new(queue_depth))),
     }
 }

@@ -15,7 +15,7 @@
 
 use io_uring::{opcode, types, IoUring};
 
-use super::{pieces, Engine, EngineKind, Knobs, Piece, Segment};
+use super::{pieces, Engine, EngineKind, Knobs, Piece, Segment, Submitter};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::staging::BounceCopy;
 
@@ -61,12 +61,27 @@ pub(crate) fn probe() -> std::result::Result<(), String> {
 }
 
 impl UringEngine {
-    pub fn new(queue_depth: usize) -> Result<Self> {
+    /// A ring for `submitter`. A ring only its creating thread submits to
+    /// asks for `SINGLE_ISSUER` (no submission locking in the kernel) and
+    /// `COOP_TASKRUN` (completions are posted at the thread's next kernel
+    /// entry instead of by interrupting it), falling back to a plain ring on
+    /// kernels without them (before 6.0). `DEFER_TASKRUN` is not used: a ring
+    /// that failed is drained without entering it (see `abandon`), which
+    /// needs the kernel to post completions by itself.
+    pub fn with_submitter(queue_depth: usize, submitter: Submitter) -> Result<Self> {
         let capacity = queue_depth.clamp(1, crate::knobs::MAX_QUEUE_DEPTH);
         // A completion queue twice the submission queue (the kernel default)
         // cannot overflow: at most `capacity` pieces are ever in flight.
-        let ring = IoUring::new(capacity.next_power_of_two() as u32)
-            .map_err(|e| Error::Engine(format!("io_uring_setup with {capacity} entries failed: {e}")))?;
+        let entries = capacity.next_power_of_two() as u32;
+        let tuned = match submitter {
+            Submitter::OneThread => IoUring::builder().setup_single_issuer().setup_coop_taskrun().build(entries).ok(),
+            Submitter::AnyThread => None,
+        };
+        let ring = match tuned {
+            Some(ring) => ring,
+            None => IoUring::new(entries)
+                .map_err(|e| Error::Engine(format!("io_uring_setup with {capacity} entries failed: {e}")))?,
+        };
         Ok(UringEngine {
             ring,
             capacity,
