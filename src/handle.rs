@@ -100,6 +100,9 @@ impl Job {
         let (outcome, clean) = match catch_unwind(AssertUnwindSafe(|| self.op.work.run_slice(self.slice, engine))) {
             Ok(outcome) => (outcome, true),
             Err(payload) => {
+                // The kernel may still be moving bytes of this slice: the op
+                // (and its buffers) may only finish once it has stopped.
+                let _ = catch_unwind(AssertUnwindSafe(|| engine.quiesce()));
                 let detail = format!("internal error (panic) in an I/O worker: {}", panic_text(&*payload));
                 (Err(self.op.work.slice_error(self.slice, detail)), false)
             }
@@ -592,8 +595,7 @@ impl IoHandle {
             let mut slot = self.inline_engine.lock();
             let engine = slot
                 .get_or_insert_with(|| worker_engine(self.engine_kind, self.config.queue_depth, Submitter::AnyThread));
-            let outcome = catch_unwind(AssertUnwindSafe(|| plan.run_slice(0, engine.as_mut()).map_err(Error::from)))
-                .unwrap_or_else(|p| Err(Error::Engine(format!("internal error (panic) in a transfer: {}", panic_text(&*p)))));
+            let outcome = run_guarded(&plan, engine.as_mut());
             if engine.is_broken() {
                 *slot = None;
             }
@@ -616,8 +618,7 @@ impl IoHandle {
         let meta = op.meta();
         let plan = op.plan().clone();
         let outcome = with_thread_engine(kind, config.queue_depth, |engine| {
-            catch_unwind(AssertUnwindSafe(|| plan.run_slice(0, engine).map_err(Error::from)))
-                .unwrap_or_else(|p| Err(Error::Engine(format!("internal error (panic) in a transfer: {}", panic_text(&*p)))))
+            run_guarded(&plan, engine)
         });
         let result = op.finish(outcome);
         stats::process_counters().record(&OpRecord {
@@ -680,6 +681,18 @@ impl IoHandle {
             DeviceRoute::Bounce => {
                 Err(crate::gds::unavailable("device tensors can only be registered through a gds_handle".into()))
             }
+        }
+    }
+}
+
+/// Runs an unsplit op's one slice on the calling thread. A panic fails the
+/// op, after the engine has stopped moving its bytes (and is then replaced).
+fn run_guarded(plan: &crate::op::plan::OpPlan, engine: &mut dyn Engine) -> Result<()> {
+    match catch_unwind(AssertUnwindSafe(|| plan.run_slice(0, engine).map_err(Error::from))) {
+        Ok(outcome) => outcome,
+        Err(payload) => {
+            let _ = catch_unwind(AssertUnwindSafe(|| engine.quiesce()));
+            Err(Error::Engine(format!("internal error (panic) in a transfer: {}", panic_text(&*payload))))
         }
     }
 }

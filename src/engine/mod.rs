@@ -208,6 +208,11 @@ pub trait Engine: Send {
         knobs: &Knobs,
         copy: Option<&BounceCopy>,
     ) -> std::result::Result<(), TransferError>;
+    /// After a panic unwound out of `run_with`: returns only once nothing
+    /// the engine handed to the kernel or to its threads is still moving
+    /// bytes, so that the op's buffers may be freed. The engine is not used
+    /// again afterwards.
+    fn quiesce(&mut self) {}
     /// True once the engine cannot be trusted with another run (its ring
     /// failed); the owner replaces it.
     fn is_broken(&self) -> bool {

@@ -126,17 +126,30 @@ impl Drop for Pool {
 pub struct PsyncEngine {
     max_threads: usize,
     pool: Option<Pool>,
+    /// The run in progress, for `quiesce` after a panic.
+    current: Option<Arc<RunState>>,
 }
 
 impl PsyncEngine {
     pub fn new(queue_depth: usize) -> Self {
-        PsyncEngine { max_threads: queue_depth.clamp(1, MAX_THREADS), pool: None }
+        PsyncEngine { max_threads: queue_depth.clamp(1, MAX_THREADS), pool: None, current: None }
     }
 }
 
 impl Engine for PsyncEngine {
     fn kind(&self) -> EngineKind {
         EngineKind::Psync
+    }
+
+    fn quiesce(&mut self) {
+        // The calling thread unwound; its helpers may still be moving pieces.
+        if let Some(state) = self.current.take() {
+            state.failed.store(true, Ordering::Relaxed);
+            let mut busy = state.helpers_busy.lock();
+            while *busy > 0 {
+                state.helpers_done.wait(&mut busy);
+            }
+        }
     }
 
     fn run_with(
@@ -175,7 +188,9 @@ impl Engine for PsyncEngine {
         }
         // The calling thread moves pieces too, then waits for the helpers:
         // none may still touch the buffers when this returns.
+        self.current = Some(state.clone());
         state.work();
+        self.current = None;
         let mut busy = state.helpers_busy.lock();
         while *busy > 0 {
             state.helpers_done.wait(&mut busy);

@@ -28,6 +28,12 @@ pub struct UringEngine {
     /// Set when `io_uring_enter` failed for good: the ring may hold entries
     /// the kernel never took, which must never be submitted later.
     broken: bool,
+    /// The completions of the current wait (reused between waits), how many
+    /// were reaped and how many of them were processed: after a panic, the
+    /// slots of reaped-but-unprocessed completions are done in the kernel.
+    reaped: Vec<(u64, i32)>,
+    reaped_count: usize,
+    processed: usize,
 }
 
 // SAFETY: the ring and the raw pointers in `slots` are only used by the
@@ -88,6 +94,9 @@ impl UringEngine {
             slots: vec![None; capacity],
             free_slots: (0..capacity).rev().collect(),
             broken: false,
+            reaped: Vec::new(),
+            reaped_count: 0,
+            processed: 0,
         })
     }
 
@@ -132,6 +141,24 @@ impl Engine for UringEngine {
         self.broken
     }
 
+    fn quiesce(&mut self) {
+        let done_in_kernel = self.reaped_count.saturating_sub(self.processed);
+        let in_flight = self.occupied().saturating_sub(done_in_kernel);
+        if in_flight > 0 {
+            let note = TransferError {
+                direction: Direction::Read,
+                path: None,
+                fd: -1,
+                file_offset: 0,
+                len: 0,
+                errno: libc::EIO,
+                detail: Some("a run panicked".into()),
+            };
+            self.abandon(in_flight, note);
+        }
+        self.broken = true;
+    }
+
     fn run_with(
         &mut self,
         direction: Direction,
@@ -159,7 +186,7 @@ impl Engine for UringEngine {
         let mut todo = pieces(segments, block);
         let mut in_flight = 0usize;
         let mut first_error: Option<TransferError> = None;
-        let mut completions: Vec<(u64, i32)> = Vec::with_capacity(depth);
+        let mut completions = std::mem::take(&mut self.reaped);
 
         loop {
             // Fill: in batch mode only when the previous batch is fully done.
@@ -188,7 +215,12 @@ impl Engine for UringEngine {
             }
             completions.clear();
             completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            self.processed = 0;
             for &(user_data, res) in &completions {
+                // Counted before the work, so that after a panic `quiesce`
+                // knows which taken slots the kernel is already done with.
+                self.processed += 1;
+                self.reaped_count = completions.len();
                 let slot = user_data as usize;
                 let mut piece = self.slots[slot].take().expect("completion for an empty slot");
                 match piece.complete(direction, res as i64) {
@@ -222,6 +254,9 @@ impl Engine for UringEngine {
                 }
             }
         }
+        self.reaped = completions;
+        self.reaped_count = 0;
+        self.processed = 0;
         match first_error {
             Some(e) => Err(e),
             None => Ok(()),
@@ -230,6 +265,11 @@ impl Engine for UringEngine {
 }
 
 impl UringEngine {
+    /// Pieces the kernel may hold: taken slots.
+    fn occupied(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
     /// After `io_uring_enter` failed for good: waits, without entering the
     /// ring again, until every request the kernel did take has completed
     /// (it may still be moving bytes in the caller's buffers), then marks
