@@ -112,6 +112,14 @@ pub trait Staging: Send {
     fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> Result<()>;
     /// `bounce` -> caller buffer (after a read).
     fn copy_from_bounce(&mut self, bounce: &[u8]) -> Result<()>;
+    /// Where the caller's buffer is now (address, bytes), when the front end
+    /// can tell: a torch tensor whose storage was swapped while its op was in
+    /// flight (`set_`, `resize_`, `.data =`) reports somewhere else, and the
+    /// op then fails at `wait()` instead of copying into memory it was not
+    /// given. `None`: the buffer cannot move.
+    fn current_extent(&self) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 /// Staging for contiguous host memory: plain memcpy.

@@ -56,6 +56,9 @@ pub mod bridge {
         fn copy_to_host(self: &io_op_desc_t, host_addr: usize, nbytes: usize) -> Result<()>;
         /// Host memory at `host_addr` -> tensor (after a bounced read).
         fn copy_from_host(self: &io_op_desc_t, host_addr: usize, nbytes: usize) -> Result<()>;
+        /// The tensor's data address and byte size now (0, 0 without storage).
+        fn data_address(self: &io_op_desc_t) -> usize;
+        fn data_bytes(self: &io_op_desc_t) -> usize;
     }
 
     extern "Rust" {
@@ -151,6 +154,9 @@ impl Staging for TorchStaging {
     }
     fn copy_from_bounce(&mut self, bounce: &[u8]) -> crate::Result<()> {
         self.op.copy_from_host(bounce.as_ptr() as usize, bounce.len()).map_err(|e| Error::Copy(e.to_string()))
+    }
+    fn current_extent(&self) -> Option<(usize, usize)> {
+        Some((self.op.data_address(), self.op.data_bytes()))
     }
 }
 

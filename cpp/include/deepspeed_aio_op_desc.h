@@ -27,4 +27,10 @@ struct io_op_desc_t {
 
     // `nbytes` of host memory at `host_addr` -> tensor (any device, any strides).
     virtual void copy_from_host(std::size_t host_addr, std::size_t nbytes) const = 0;
+
+    // The tensor's data address and byte size now (0, 0 without storage).
+    // Rust compares them with what the op was given, to report a storage
+    // swapped under the op (set_, resize_, .data =). Never throws.
+    virtual std::size_t data_address() const noexcept = 0;
+    virtual std::size_t data_bytes() const noexcept = 0;
 };

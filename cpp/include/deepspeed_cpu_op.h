@@ -12,10 +12,16 @@
 
 struct cpu_op_desc_t : io_op_desc_t {
     torch::Tensor _buffer;
+    // The storage the op was given, held until the op is finished: if the
+    // caller swaps the tensor's storage (set_, resize_, .data =), the memory
+    // the I/O targets stays alive instead of being freed under it.
+    c10::Storage _storage;
 
     explicit cpu_op_desc_t(const torch::Tensor& buffer);
     ~cpu_op_desc_t() override;
 
     void copy_to_host(std::size_t host_addr, std::size_t nbytes) const override;
     void copy_from_host(std::size_t host_addr, std::size_t nbytes) const override;
+    std::size_t data_address() const noexcept override;
+    std::size_t data_bytes() const noexcept override;
 };

@@ -63,7 +63,23 @@ rust::Slice<const uint8_t> filename_bytes(const char* filename)
 
 io_op_desc_t::~io_op_desc_t() = default;
 
-cpu_op_desc_t::cpu_op_desc_t(const torch::Tensor& buffer) : _buffer(buffer) {}
+namespace {
+c10::Storage storage_of(const torch::Tensor& tensor) noexcept
+{
+    try {
+        if (tensor.defined() && tensor.has_storage() && !tensor.is_meta()) { return tensor.storage(); }
+    } catch (const std::exception&) {
+        // Fake and other storage-less tensors: nothing to hold.
+    }
+    return c10::Storage();
+}
+}  // namespace
+
+cpu_op_desc_t::cpu_op_desc_t(const torch::Tensor& buffer) : _buffer(buffer), _storage(storage_of(buffer)) {}
+
+std::size_t cpu_op_desc_t::data_address() const noexcept { return deepnvme::describe_tensor(_buffer).ptr; }
+
+std::size_t cpu_op_desc_t::data_bytes() const noexcept { return deepnvme::describe_tensor(_buffer).nbytes; }
 
 cpu_op_desc_t::~cpu_op_desc_t() = default;
 

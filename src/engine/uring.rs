@@ -144,19 +144,7 @@ impl Engine for UringEngine {
     fn quiesce(&mut self) {
         let done_in_kernel = self.reaped_count.saturating_sub(self.processed);
         let in_flight = self.occupied().saturating_sub(done_in_kernel);
-        if in_flight > 0 {
-            let note = TransferError {
-                direction: Direction::Read,
-                path: None,
-                fd: -1,
-                file_offset: 0,
-                len: 0,
-                errno: libc::EIO,
-                detail: Some("a run panicked".into()),
-            };
-            self.abandon(in_flight, note);
-        }
-        self.broken = true;
+        self.drain_without_entering(in_flight, "an I/O run panicked");
     }
 
     fn run_with(
@@ -275,6 +263,15 @@ impl UringEngine {
     /// (it may still be moving bytes in the caller's buffers), then marks
     /// the engine broken so the entries it never took are never submitted.
     fn abandon(&mut self, in_flight: usize, error: TransferError) -> TransferError {
+        self.drain_without_entering(in_flight, &format!("io_uring failed ({error})"));
+        error
+    }
+
+    /// Marks the ring broken and waits, without entering it, until the
+    /// requests the kernel took (of `in_flight` pieces, less those never
+    /// submitted) have completed. `why` goes in the one line logged when
+    /// any are outstanding.
+    fn drain_without_entering(&mut self, in_flight: usize, why: &str) {
         self.broken = true;
         let mut outstanding = in_flight.saturating_sub(self.ring.submission().len());
         let mut logged = false;
@@ -283,15 +280,12 @@ impl UringEngine {
             outstanding = outstanding.saturating_sub(reaped);
             if outstanding > 0 {
                 if !logged {
-                    crate::log::error(&format!(
-                        "io_uring failed ({error}); waiting for {outstanding} requests the kernel already took"
-                    ));
+                    crate::log::error(&format!("{why}; waiting for {outstanding} requests the kernel already took"));
                     logged = true;
                 }
                 // A syscall also runs the task work that posts completions.
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
-        error
     }
 }

@@ -65,14 +65,26 @@ enum IoMemory {
     /// A bounce buffer (from the reuse pool) and the way back to the
     /// caller's buffer. The I/O bytes start `skew` bytes in, so that memory
     /// and file offsets share their alignment and O_DIRECT can still be used
-    /// for an unaligned offset. `piecewise`: a read into contiguous host
-    /// memory, which the engines copy out block by block as each completes
-    /// (the plan's `bounce_copy`); else `staging` copies the whole buffer
-    /// after a read (device or strided memory). A write always copies the
-    /// whole buffer when it is submitted (DeepSpeed's semantics: the caller
-    /// may reuse its tensor as soon as an async write returns), with several
-    /// threads for large host buffers.
-    Bounce { buffer: StagingBuffer, skew: usize, staging: Box<dyn Staging>, piecewise: bool },
+    /// for an unaligned offset. A write copies the whole buffer in when it
+    /// is submitted (DeepSpeed's semantics: the caller may reuse its tensor
+    /// as soon as an async write returns); a read copies out as `copy_out` says.
+    Bounce { buffer: StagingBuffer, skew: usize, staging: Box<dyn Staging>, copy_out: CopyOut },
+}
+
+/// How a bounced read reaches the caller's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CopyOut {
+    /// Contiguous host memory that cannot move (a Rust caller's): the
+    /// engines copy each block out as soon as it completes, overlapping the
+    /// device's work on the next blocks (the plan's `bounce_copy`).
+    Piecewise,
+    /// Contiguous host memory a front end may move (a torch tensor can have
+    /// its storage swapped or resized while the op is in flight): one copy,
+    /// with several threads, in `wait()` once the buffer is known not to
+    /// have moved.
+    AtFinish,
+    /// Device or strided memory: the front end's `Staging` copies it.
+    Staging,
 }
 
 /// One prepared transfer. Owns its descriptors and bounce buffer; dropping
@@ -85,6 +97,8 @@ pub(crate) struct CpuOp {
     io_ptr: *mut u8,
     memory: IoMemory,
     validate: bool,
+    /// The caller's buffer as the op was given it (address, bytes).
+    given: (usize, usize),
 }
 
 // SAFETY: `io_ptr` points at memory this op keeps alive (its bounce buffer,
@@ -154,13 +168,18 @@ impl CpuOp {
                     staging.copy_to_bounce(dst)?;
                 }
             }
-            let piecewise = host && direction == Direction::Read;
-            IoMemory::Bounce { buffer: bounce, skew, staging, piecewise }
+            let copy_out = match (host, staging.current_extent()) {
+                (false, _) => CopyOut::Staging,
+                (true, None) => CopyOut::Piecewise,
+                (true, Some(_)) => CopyOut::AtFinish,
+            };
+            IoMemory::Bounce { buffer: bounce, skew, staging, copy_out }
         };
         let (io_ptr, bounce_copy) = match &memory {
             IoMemory::Direct { .. } => (buffer.ptr(), None),
-            IoMemory::Bounce { buffer: bounce, skew, piecewise, .. } => {
+            IoMemory::Bounce { buffer: bounce, skew, copy_out, .. } => {
                 let io_ptr = bounce.as_ptr().wrapping_add(*skew);
+                let piecewise = direction == Direction::Read && *copy_out == CopyOut::Piecewise;
                 let copy = piecewise.then_some(BounceCopy {
                     direction,
                     bounce: io_ptr as usize,
@@ -190,7 +209,8 @@ impl CpuOp {
             direct_knobs,
             bounce_copy,
         });
-        Ok(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate })
+        let given = (buffer.ptr() as usize, len);
+        Ok(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate, given })
     }
 
     pub fn plan(&self) -> &Arc<OpPlan> {
@@ -210,6 +230,51 @@ impl CpuOp {
             bytes,
             bounced_bytes: if self.is_direct() { 0 } else { bytes },
         }
+    }
+
+    /// The front end's hold on the caller's buffer, if it gave one.
+    fn staging(&self) -> Option<&dyn Staging> {
+        match &self.memory {
+            IoMemory::Direct { _keep_alive, .. } => _keep_alive.as_deref(),
+            IoMemory::Bounce { staging, .. } => Some(staging.as_ref()),
+        }
+    }
+
+    /// A torch tensor whose storage was swapped while the op was in flight
+    /// (`set_`, `resize_`, `.data =`): the op moved the memory it was given,
+    /// which the front end kept alive. A read fails (its bytes did not reach
+    /// the tensor the caller now has, and a bounced read is never copied into
+    /// memory of another size); a write wrote what it was given, and says so
+    /// once on stderr.
+    fn check_buffer_not_swapped(&self) -> Result<()> {
+        let Some((now_ptr, now_len)) = self.staging().and_then(|s| s.current_extent()) else { return Ok(()) };
+        if (now_ptr, now_len) == self.given {
+            return Ok(());
+        }
+        let verb = self.plan.direction.verb();
+        let target = self.file.display_path();
+        if self.plan.direction == Direction::Write {
+            crate::log::info_once(
+                "write-storage-swapped",
+                &format!(
+                    "a tensor's storage was replaced while its write to {} was in flight; the write used the \
+                     memory it was given, which was kept alive until the op finished",
+                    target.display()
+                ),
+            );
+            return Ok(());
+        }
+        Err(Error::Copy(format!(
+            "the tensor of this {verb} of {} bytes at offset {} of {} had its storage replaced while the op was \
+             in flight (set_, resize_ or .data =): it was {} bytes at {:#x}, it is now {now_len} bytes at \
+             {now_ptr:#x}. The op used the memory it was given, kept alive until now{}",
+            self.len,
+            self.file_offset,
+            target.display(),
+            self.given.1,
+            self.given.0,
+            "; the bytes read did not reach the tensor"
+        )))
     }
 
     fn close_error(&self, errno: i32) -> Error {
@@ -238,6 +303,7 @@ impl OpCompletion for CpuOp {
     /// Dropping `self` then closes the op's descriptors and frees the bounce.
     fn finish(&mut self, outcome: Result<()>) -> Result<()> {
         outcome?;
+        self.check_buffer_not_swapped()?;
         if self.validate {
             // Before the op's descriptors close: an op on a caller's fd
             // re-reads through its own description, never through the
@@ -251,8 +317,18 @@ impl OpCompletion for CpuOp {
             self.file.close_owned().map_err(|errno| self.close_error(errno))?;
         }
         if self.plan.direction == Direction::Read {
-            if let IoMemory::Bounce { buffer, skew, staging, piecewise: false } = &mut self.memory {
-                staging.copy_from_bounce(&buffer.slice(*skew + self.len)[*skew..])?;
+            if let IoMemory::Bounce { buffer, skew, staging, copy_out } = &mut self.memory {
+                let bytes = &buffer.slice(*skew + self.len)[*skew..];
+                match copy_out {
+                    CopyOut::Piecewise => {}
+                    CopyOut::AtFinish => {
+                        // SAFETY: the buffer has not moved (checked above), and
+                        // its `len` bytes are the caller's, unused until wait() returns.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(self.given.0 as *mut u8, self.len) };
+                        crate::staging::parallel_copy(dst, bytes);
+                    }
+                    CopyOut::Staging => staging.copy_from_bounce(bytes)?,
+                }
             }
         }
         Ok(())
