@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # fio_compare.sh: compares `deepnvme bench` with fio's io_uring engine on the
-# same file, with the same block size, queue depth and O_DIRECT, alternating
-# the tools (fio write, deepnvme write, fio read, deepnvme read) for N rounds,
-# and prints each throughput and the median ratio deepnvme/fio per direction.
+# same file, with the same block size, queue depth and O_DIRECT, for N rounds
+# of (write pair, read pair). The order alternates, because a disk may favour
+# whichever run goes second: odd rounds run fio first in each pair, even
+# rounds deepnvme first. Before every run: sync, drop the page cache (as
+# root) and a short pause. It prints each throughput, then per direction the
+# median GB/s of each tool and the median [min-max] of the per-round ratios
+# deepnvme/fio (one ratio per adjacent pair).
 #
 # fio:      --direct=1 --ioengine=io_uring --bs=BS --iodepth=QD --numjobs=1
 # deepnvme: --block-size BS --queue-depth QD --parallelism 1, plus the
@@ -22,8 +26,8 @@ usage() {
 Usage: benches/fio_compare.sh [OPTIONS]
 
   --size SIZE          file size and bytes per pass, fio syntax [1G]
-  --rounds N           rounds of (fio write, deepnvme write, fio read,
-                       deepnvme read) [3]
+  --rounds N           rounds of (write pair, read pair); odd rounds fio
+                       first, even rounds deepnvme first [4]
   --bs SIZE            block size for both tools [1M]
   --iodepth N          queue depth for both tools [32]
   --buffer-size SIZE   deepnvme bytes per op [deepnvme's default: 256M,
@@ -31,13 +35,14 @@ Usage: benches/fio_compare.sh [OPTIONS]
   --dir DIR            where the test file goes [current directory]
   --file PATH          use this file instead (kept afterwards)
   --keep               keep the test file
+  --pause S            seconds to pause before every timed run [1]
   --ds-write-flags "F" deepnvme knob flags for writes, e.g.
                        "--single-submit --overlap-events" (skips the pick)
   --ds-read-flags "F"  the same for reads
   --bin PATH           deepnvme binary to use (default: build with cargo)
   -h, --help           this text
 
-Exit status: 0 when both ratios are at least 0.9, 3 when one is below,
+Exit status: 0 when both median ratios are at least 0.9, 3 when one is below,
 1 on errors, 2 on bad options.
 EOF
 }
@@ -46,7 +51,8 @@ die() { echo "fio_compare: error: $*" >&2; exit 1; }
 bad() { echo "fio_compare: error: $*" >&2; echo "Try 'benches/fio_compare.sh --help'." >&2; exit 2; }
 
 SIZE=1G
-ROUNDS=3
+ROUNDS=4
+PAUSE=1
 BS=1M
 IODEPTH=32
 BUFFER_SIZE=""
@@ -70,6 +76,7 @@ while [[ $# -gt 0 ]]; do
         --dir) need_value "$@"; DIR=$2; shift 2 ;;
         --file) need_value "$@"; FILE=$2; shift 2 ;;
         --keep) KEEP=1; shift ;;
+        --pause) need_value "$@"; PAUSE=$2; shift 2 ;;
         --ds-write-flags) need_value "$@"; DS_WRITE_FLAGS=$2; PICK_WRITE=0; shift 2 ;;
         --ds-read-flags) need_value "$@"; DS_READ_FLAGS=$2; PICK_READ=0; shift 2 ;;
         --bin) need_value "$@"; BIN=$2; shift 2 ;;
@@ -188,33 +195,57 @@ echo "deepnvme: --block-size $BS_BYTES --queue-depth $IODEPTH --parallelism 1${B
 echo "          write knobs: ${DS_WRITE_FLAGS:-(neither flag)}; read knobs: ${DS_READ_FLAGS:-(neither flag)}"
 echo
 
-printf '%-6s %14s %14s %14s %14s   (GB/s)\n' round "fio write" "deepnvme write" "fio read" "deepnvme read"
+# Before every timed run: flush, drop the page cache (root only; O_DIRECT
+# bypasses it anyway, this only keeps metadata and readahead state alike)
+# and let the disk settle.
+DROP=1
+settle() {
+    sync
+    if [[ $DROP == 1 ]] && ! { echo 3 >/proc/sys/vm/drop_caches; } 2>/dev/null; then
+        echo "fio_compare: cannot drop caches (not root?): sync and pause only" >&2
+        DROP=0
+    fi
+    sleep "$PAUSE"
+}
+fio_w() { settle; fio "${FIO_COMMON[@]}" --rw=write >"$WORK/fw.json" || die "fio write failed"; }
+ds_w() { settle; "$BIN" bench "${DS_COMMON[@]}" --write-only "${WRITE_FLAGS[@]}" >"$WORK/dw.json" || die "deepnvme write failed"; }
+fio_r() { settle; fio "${FIO_COMMON[@]}" --rw=read >"$WORK/fr.json" || die "fio read failed"; }
+ds_r() { settle; "$BIN" bench "${DS_COMMON[@]}" --read-only "${READ_FLAGS[@]}" >"$WORK/dr.json" || die "deepnvme read failed"; }
+
+printf '%-6s %-14s %14s %14s %14s %14s   (GB/s)\n' round "first" "fio write" "deepnvme write" "fio read" "deepnvme read"
 FW=(); DW=(); FR=(); DR=(); FWC=(); DWC=(); FRC=(); DRC=()
 for ((r = 1; r <= ROUNDS; r++)); do
-    fio "${FIO_COMMON[@]}" --rw=write >"$WORK/fw.json" || die "fio write failed"
-    "$BIN" bench "${DS_COMMON[@]}" --write-only "${WRITE_FLAGS[@]}" >"$WORK/dw.json" || die "deepnvme write failed"
-    fio "${FIO_COMMON[@]}" --rw=read >"$WORK/fr.json" || die "fio read failed"
-    "$BIN" bench "${DS_COMMON[@]}" --read-only "${READ_FLAGS[@]}" >"$WORK/dr.json" || die "deepnvme read failed"
+    if ((r % 2 == 1)); then
+        first=fio; fio_w; ds_w; fio_r; ds_r
+    else
+        first=deepnvme; ds_w; fio_w; ds_r; fio_r
+    fi
 
     read -r g c < <(get fio "$WORK/fw.json" write); FW+=("$g"); FWC+=("$c")
     read -r g c < <(get deepnvme "$WORK/dw.json" write); DW+=("$g"); DWC+=("$c")
     read -r g c < <(get fio "$WORK/fr.json" read); FR+=("$g"); FRC+=("$c")
     read -r g c < <(get deepnvme "$WORK/dr.json" read); DR+=("$g"); DRC+=("$c")
-    printf '%-6s %14.3f %14.3f %14.3f %14.3f\n' "$r" "${FW[-1]}" "${DW[-1]}" "${FR[-1]}" "${DR[-1]}"
+    printf '%-6s %-14s %14.3f %14.3f %14.3f %14.3f\n' "$r" "$first" "${FW[-1]}" "${DW[-1]}" "${FR[-1]}" "${DR[-1]}"
 done
+((ROUNDS % 2 == 0)) || echo "fio_compare: note: an odd --rounds lets fio go first once more than deepnvme" >&2
 
 python3 - "${FW[*]}" "${DW[*]}" "${FR[*]}" "${DR[*]}" "${FWC[*]}" "${DWC[*]}" "${FRC[*]}" "${DRC[*]}" <<'EOF'
 import statistics, sys
 fw, dw, fr, dr, fwc, dwc, frc, drc = ([float(x) for x in a.split()] for a in sys.argv[1:9])
 med = statistics.median
-rw, rr = med(dw) / med(fw), med(dr) / med(fr)
+# One ratio per round: the two adjacent runs of the same pair.
+pw = [d / f for d, f in zip(dw, fw)]
+pr = [d / f for d, f in zip(dr, fr)]
+rw, rr = med(pw), med(pr)
 print()
-print(f"median over {len(fw)} rounds (GB/s, 1 GB = 10^9 bytes; CPU s/GB in brackets):")
+print(f"median over {len(fw)} rounds (GB/s, 1 GB = 10^9 bytes; CPU s/GB in brackets);")
+print("deepnvme/fio: median [min-max] of the per-round ratios")
 cell = lambda g, c: f"{g:.3f} [{c:.3f}]"
-print(f"{'':6} {'fio':>16} {'deepnvme':>16} {'deepnvme/fio':>13}")
-print(f"{'write':6} {cell(med(fw), med(fwc)):>16} {cell(med(dw), med(dwc)):>16} {rw:13.3f}")
-print(f"{'read':6} {cell(med(fr), med(frc)):>16} {cell(med(dr), med(drc)):>16} {rr:13.3f}")
+spread = lambda p: f"{med(p):.3f} [{min(p):.3f}-{max(p):.3f}]"
+print(f"{'':6} {'fio':>16} {'deepnvme':>16} {'deepnvme/fio':>22}")
+print(f"{'write':6} {cell(med(fw), med(fwc)):>16} {cell(med(dw), med(dwc)):>16} {spread(pw):>22}")
+print(f"{'read':6} {cell(med(fr), med(frc)):>16} {cell(med(dr), med(drc)):>16} {spread(pr):>22}")
 ok = rw >= 0.9 and rr >= 0.9
-print("target (>= 0.9x fio for reads and writes):", "met" if ok else "NOT met")
+print("target (median ratio >= 0.9 for reads and writes):", "met" if ok else "NOT met")
 sys.exit(0 if ok else 3)
 EOF

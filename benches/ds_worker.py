@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""One run of one config of one DeepSpeed async_io implementation, as JSON.
+
+    python benches/ds_worker.py --impl deepnvme --op read --file F --size 256M \\
+        --block-size 1M --queue-depth 32 --parallelism 1 --overlap-events 1 --buffer locked
+
+--impl stock     DEEPNVME_DEEPSPEED_HOOK=0: the deepnvme hook steps aside and
+                 AsyncIOBuilder().load() JIT-builds DeepSpeed's own op (libaio)
+                 from the installed deepspeed package.
+--impl deepnvme  the hook on: AsyncIOBuilder().load() returns deepnvme.async_io.
+
+--op read|write  moves --size bytes at increasing offsets in ops of --op-bytes
+                 (one sync_pread/sync_pwrite each, on one buffer), and reports
+                 GB/s (10^9 bytes/s) of the timed loop and CPU seconds per GB
+                 (getrusage(RUSAGE_SELF) user+system delta over the same loop:
+                 every thread of this process, io_uring/libaio kernel work
+                 included).
+--op small       sync_pread of --op-bytes at random --op-bytes-aligned offsets
+                 inside the first --size bytes of the file for --seconds:
+                 round trips per second (each call opens the file, as
+                 DeepSpeed's sync_pread does).
+--buffer locked  h.new_cpu_locked_tensor(...) (I/O goes straight to it);
+--buffer plain   torch.empty(...) (not page-locked: the bounce path).
+
+--serve          read one JSON config per line on stdin (keys as the options,
+                 with "-" as "_"), answer one JSON line each; the module is
+                 loaded once, a new handle and buffer are made per config
+                 (untimed). `benches/run.py` drives workers this way so that
+                 torch's import time stays out of every run.
+"""
+
+import argparse
+import json
+import os
+import random
+import resource
+import sys
+import time
+
+
+def parse_size(s):
+    s = str(s).strip().lower()
+    mult = 1
+    for suf, m in (("k", 1 << 10), ("m", 1 << 20), ("g", 1 << 30), ("t", 1 << 40)):
+        if s.endswith(suf):
+            s, mult = s[:-1], m
+            break
+    return int(float(s) * mult)
+
+
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class Impl:
+    def __init__(self, impl):
+        import torch  # noqa: F401
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        self.torch = torch
+        b = AsyncIOBuilder()
+        self.compatible = bool(b.is_compatible())
+        if not self.compatible:
+            raise SystemExit(f"ds_worker: AsyncIOBuilder().is_compatible() is False for --impl {impl}")
+        t0 = time.time()
+        self.mod = b.load()
+        self.load_seconds = time.time() - t0
+        self.module_name = self.mod.__name__
+        want_deepnvme = impl == "deepnvme"
+        if want_deepnvme != self.module_name.startswith("deepnvme"):
+            raise SystemExit(f"ds_worker: --impl {impl} loaded {self.module_name} ({getattr(self.mod, '__file__', '?')})")
+        self.impl = impl
+
+    def run(self, c):
+        torch = self.torch
+        op = c["op"]
+        size = parse_size(c["size"])
+        op_bytes = parse_size(c.get("op_bytes") or min(size, 256 << 20))
+        h = self.mod.aio_handle(
+            block_size=parse_size(c.get("block_size", "1M")),
+            queue_depth=int(c.get("queue_depth", 32)),
+            single_submit=bool(int(c.get("single_submit", 0))),
+            overlap_events=bool(int(c.get("overlap_events", 1))),
+            intra_op_parallelism=int(c.get("parallelism", 1)),
+        )
+        buffer = c.get("buffer", "locked")
+        if buffer == "locked":
+            buf = h.new_cpu_locked_tensor(op_bytes, torch.empty(0, dtype=torch.uint8))
+        elif buffer == "plain":
+            buf = torch.empty(op_bytes, dtype=torch.uint8)
+        else:
+            raise SystemExit(f"ds_worker: --buffer must be locked or plain, not {buffer}")
+        buf.fill_(0x5A)
+        path = c["file"]
+        out = {
+            "impl": self.impl,
+            "module": self.module_name,
+            "op": op,
+            "buffer": buffer,
+            "pinned": bool(h.is_pinned(buf)),
+            "size_bytes": size,
+            "op_bytes": op_bytes,
+            "block_size": h.get_block_size(),
+            "queue_depth": h.get_queue_depth(),
+            "single_submit": bool(h.get_single_submit()),
+            "overlap_events": bool(h.get_overlap_events()),
+            "parallelism": h.get_intra_op_parallelism(),
+        }
+        try:
+            if op in ("read", "write"):
+                if size % op_bytes:
+                    raise SystemExit(f"ds_worker: --size {size} is not a multiple of --op-bytes {op_bytes}")
+                call = h.sync_pread if op == "read" else h.sync_pwrite
+                c0, t0 = cpu_seconds(), time.perf_counter()
+                for off in range(0, size, op_bytes):
+                    r = call(buf, path, off)
+                    if r < 0:
+                        raise SystemExit(f"ds_worker: {op} at offset {off} returned {r}")
+                secs = time.perf_counter() - t0
+                cpu = cpu_seconds() - c0
+                out.update(seconds=secs, gb_per_s=size / secs / 1e9, cpu_s_per_gb=cpu / (size / 1e9))
+            elif op == "small":
+                seconds = float(c.get("seconds", 3))
+                slots = size // op_bytes
+                rng = random.Random(int(c.get("seed", 1)))
+                offsets = [rng.randrange(slots) * op_bytes for _ in range(4096)]
+                n = 0
+                c0, t0 = cpu_seconds(), time.perf_counter()
+                deadline = t0 + seconds
+                while True:
+                    for _ in range(64):  # check the clock every 64 round trips
+                        off = offsets[n & 4095]
+                        if h.sync_pread(buf, path, off) < 0:
+                            raise SystemExit(f"ds_worker: sync_pread at {off} failed")
+                        n += 1
+                    if time.perf_counter() >= deadline:
+                        break
+                secs = time.perf_counter() - t0
+                cpu = cpu_seconds() - c0
+                moved = n * op_bytes
+                out.update(seconds=secs, ops=n, ops_per_s=n / secs, gb_per_s=moved / secs / 1e9,
+                           cpu_s_per_gb=cpu / (moved / 1e9), cpu_us_per_op=cpu / n * 1e6)
+            else:
+                raise SystemExit(f"ds_worker: --op must be read, write or small, not {op}")
+        finally:
+            if buffer == "locked":
+                h.free_cpu_locked_tensor(buf)
+            del h
+        return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impl", choices=("stock", "deepnvme"), required=True)
+    p.add_argument("--serve", action="store_true")
+    p.add_argument("--op", choices=("read", "write", "small"))
+    p.add_argument("--file")
+    p.add_argument("--size", default="256M")
+    p.add_argument("--op-bytes", default=None, help="bytes per op and buffer [min(size, 256M)]")
+    p.add_argument("--block-size", default="1M")
+    p.add_argument("--queue-depth", type=int, default=32)
+    p.add_argument("--parallelism", type=int, default=1)
+    p.add_argument("--single-submit", type=int, default=0)
+    p.add_argument("--overlap-events", type=int, default=1)
+    p.add_argument("--buffer", choices=("locked", "plain"), default="locked")
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+
+    # The hook is installed by a .pth file at interpreter start-up, so the
+    # switch must be in the environment before Python starts: re-exec once.
+    want = "0" if a.impl == "stock" else "1"
+    if os.environ.get("DEEPNVME_DEEPSPEED_HOOK", "1") != want:
+        env = dict(os.environ, DEEPNVME_DEEPSPEED_HOOK=want)
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__)] + sys.argv[1:], env)
+
+    # Our JSON goes to the real stdout; everything else that writes to fd 1
+    # (DeepSpeed's JIT build log, C++ prints) goes to stderr instead.
+    out_stream = os.fdopen(os.dup(1), "w")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+
+    def emit(obj):
+        out_stream.write(json.dumps(obj) + "\n")
+        out_stream.flush()
+
+    impl = Impl(a.impl)
+    if not a.serve:
+        if not a.op or not a.file:
+            p.error("--op and --file are needed without --serve")
+        c = {k: v for k, v in vars(a).items() if k not in ("impl", "serve")}
+        out = impl.run(c)
+        out["load_seconds"] = impl.load_seconds
+        emit(out)
+        return
+    emit({"ready": True, "impl": a.impl, "module": impl.module_name, "load_seconds": impl.load_seconds})
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            out = impl.run(json.loads(line))
+        except SystemExit as e:
+            out = {"error": str(e)}
+        except Exception as e:  # report and keep serving
+            out = {"error": f"{type(e).__name__}: {e}"}
+        emit(out)
+
+
+if __name__ == "__main__":
+    main()

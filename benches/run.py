@@ -1,0 +1,616 @@
+#!/usr/bin/env python3
+"""The benchmark driver behind benches/run.sh (run that: it sets everything up).
+
+Compares, on one file in one file system, in A/B order that alternates every
+round (odd rounds in the listed order, even rounds reversed), with `sync`,
+`echo 3 > /proc/sys/vm/drop_caches` and a pause before every run:
+
+  fio      fio's io_uring engine (O_DIRECT, --numjobs = intra_op_parallelism,
+           each job its own slice), and fio's psync engine at iodepth 1 for
+           the small-op round trips;
+  stock    DeepSpeed's own async_io op (libaio), JIT-built from the installed
+           deepspeed by AsyncIOBuilder().load() with DEEPNVME_DEEPSPEED_HOOK=0;
+  deepnvme deepnvme.async_io through DeepSpeed's loader (the hook on);
+  cli      the `deepnvme bench` CLI (locked buffers only).
+
+The two Python implementations run in long-lived benches/ds_worker.py
+processes (--serve): torch's import and the JIT build stay out of every run,
+and each run gets a fresh handle and buffer. It writes OUT/README.md,
+OUT/results.json (every run), OUT/grid.png, OUT/small_ops.png and
+OUT/is_managed.png.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 1 << 20
+
+
+def parse_size(s):
+    s = str(s).strip().lower()
+    mult = 1
+    for suf, m in (("k", 1 << 10), ("m", 1 << 20), ("g", 1 << 30), ("t", 1 << 40)):
+        if s.endswith(suf):
+            s, mult = s[:-1], m
+            break
+    return int(float(s) * mult)
+
+
+def show_size(n):
+    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= m and n % m == 0:
+            return f"{n // m} {unit}iB"
+    return f"{n} B"
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the grid
+
+def build_grid(quick):
+    """(cells, trimmed-note). A cell is a dict of op, bs, qd, par, buffer,
+    overlap; locked cells run fio, stock, deepnvme and cli; plain cells
+    (torch.empty buffers: the bounce path) run stock and deepnvme."""
+    cells = []
+
+    def add(op, bs, qd, par, buffer):
+        cells.append(dict(op=op, bs=bs, qd=qd, par=par, buffer=buffer, overlap=1))
+
+    if quick:
+        for op in ("write", "read"):
+            add(op, MiB, 32, 1, "locked")
+            add(op, MiB, 32, 1, "plain")
+        return cells, "--quick: only locked and plain 1 MiB qd 32 par 1 (read, write), 4 KiB small ops."
+    for op in ("write", "read"):
+        for par in (1, 2):
+            for qd in (8, 32, 128):
+                add(op, MiB, qd, par, "locked")
+            for bs in (128 << 10, 8 * MiB):
+                add(op, bs, 32, par, "locked")
+            add(op, MiB, 32, par, "plain")
+        for bs in (128 << 10, 8 * MiB):
+            add(op, bs, 32, 1, "plain")
+    note = ("The full grid (read/write x block {128 KiB, 1 MiB, 8 MiB} x qd {8, 32, 128} x par {1, 2} x "
+            "{locked, plain} = 72 cells) is trimmed to 28 to keep the run under 15 minutes: locked buffers get "
+            "qd {8, 32, 128} at 1 MiB and block {128 KiB, 8 MiB} at qd 32, each at par 1 and 2 (20 cells); "
+            "plain tensors get 1 MiB qd 32 at par 1 and 2 and 128 KiB / 8 MiB qd 32 at par 1 (8 cells). "
+            "Dropped: block x qd cross terms other than those (e.g. 128 KiB qd 128, 8 MiB qd 8) and plain "
+            "tensors at qd 8/128. Every cell has overlap_events on, single_submit off.")
+    return cells, note
+
+
+def cell_label(c):
+    bs = show_size(c["bs"]).replace(" ", "").replace("iB", "")
+    return f"{c['op'][0].upper()} {bs} q{c['qd']} p{c['par']} {'L' if c['buffer'] == 'locked' else 'P'}"
+
+
+def cell_impls(c):
+    return ["fio", "stock", "deepnvme", "cli"] if c["buffer"] == "locked" else ["stock", "deepnvme"]
+
+
+# ---------------------------------------------------------------- runners
+
+class Worker:
+    def __init__(self, impl, python):
+        self.impl = impl
+        env = dict(os.environ)
+        env["DEEPNVME_LOG"] = "quiet"
+        # Read by the hook at interpreter start-up: 0 lets DeepSpeed JIT-build its own op.
+        env["DEEPNVME_DEEPSPEED_HOOK"] = "0" if impl == "stock" else "1"
+        # DeepSpeed's JIT build needs the venv's ninja on PATH.
+        env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")
+        self.p = subprocess.Popen([python, os.path.join(ROOT, "benches", "ds_worker.py"), "--impl", impl, "--serve"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        hello = self.p.stdout.readline()
+        if not hello:
+            raise SystemExit(f"run: the {impl} worker did not start (see its stderr above)")
+        self.hello = json.loads(hello)
+
+    def run(self, cfg):
+        self.p.stdin.write(json.dumps(cfg) + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            raise SystemExit(f"run: the {self.impl} worker died")
+        out = json.loads(line)
+        if "error" in out:
+            raise SystemExit(f"run: {self.impl} {cfg}: {out['error']}")
+        return out
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait()
+
+
+def fio_json(args):
+    r = subprocess.run(["fio", "--output-format=json"] + args, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"run: fio {' '.join(args)} failed: {r.stderr.strip()}")
+    txt = r.stdout[r.stdout.index("{"):]  # fio may print notes before the JSON
+    return json.loads(txt)
+
+
+def run_fio(c, path, size):
+    par = c["par"]
+    per = size // par
+    args = ["--name=grid", f"--filename={path}", "--direct=1", "--ioengine=io_uring", f"--rw={c['op']}",
+            f"--bs={c['bs']}", f"--iodepth={c['qd']}", f"--numjobs={par}", f"--size={per}",
+            f"--offset_increment={per}"]
+    j = fio_json(args)
+    nbytes, secs, cpu = 0, 0.0, 0.0
+    for job in j["jobs"]:
+        x = job[c["op"]]
+        nbytes += x["io_bytes"]
+        rt = x["runtime"] / 1000
+        secs = max(secs, rt)
+        cpu += (job["usr_cpu"] + job["sys_cpu"]) / 100 * rt
+    return {"gb_per_s": nbytes / secs / 1e9, "cpu_s_per_gb": cpu / (nbytes / 1e9), "seconds": secs}
+
+
+def run_fio_small(path, size, op_bytes, seconds):
+    args = ["--name=small", f"--filename={path}", "--direct=1", "--ioengine=psync", "--rw=randread",
+            f"--bs={op_bytes}", "--iodepth=1", f"--size={size}", "--time_based", f"--runtime={seconds}s",
+            "--randrepeat=1"]
+    job = fio_json(args)["jobs"][0]
+    x = job["read"]
+    rt = x["runtime"] / 1000
+    cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * rt
+    return {"ops_per_s": x["iops"], "gb_per_s": x["bw_bytes"] / 1e9, "cpu_s_per_gb": cpu / (x["io_bytes"] / 1e9),
+            "cpu_us_per_op": cpu / max(x["total_ios"], 1) * 1e6, "seconds": rt}
+
+
+def run_cli(cli, c, path, size, op_bytes):
+    args = [cli, "bench", "--file", path, "--keep", "--size", str(size), "--buffer-size", str(op_bytes),
+            "--block-size", str(c["bs"]), "--queue-depth", str(c["qd"]), "--parallelism", str(c["par"]),
+            f"--overlap-events={'true' if c['overlap'] else 'false'}", "--no-single-submit",
+            "--read-only" if c["op"] == "read" else "--write-only", "--quiet", "--json"]
+    r = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, DEEPNVME_LOG="quiet"))
+    if r.returncode != 0:
+        raise SystemExit(f"run: {' '.join(args)} failed: {r.stderr.strip()}")
+    d = json.loads(r.stdout)[c["op"]]
+    return {"gb_per_s": d["gb_per_s_best"], "cpu_s_per_gb": d["cpu_s_per_gb"], "seconds": d["seconds"][0]}
+
+
+class Settle:
+    """sync, drop the page cache (as root), pause: before every timed run."""
+
+    def __init__(self, pause):
+        self.pause = pause
+        self.can_drop = True
+
+    def __call__(self):
+        os.sync()
+        if self.can_drop:
+            try:
+                with open("/proc/sys/vm/drop_caches", "w") as f:
+                    f.write("3\n")
+            except OSError as e:
+                log(f"run: cannot drop caches ({e}); continuing with sync and pause only")
+                self.can_drop = False
+        time.sleep(self.pause)
+
+
+# ---------------------------------------------------------------- stats
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def ratio_stats(a, b):
+    """Per-round ratios a[i]/b[i] (the same round, so one pair of adjacent
+    runs in alternating order): (median, min, max, n)."""
+    rs = [x / y for x, y in zip(a, b) if x is not None and y]
+    if not rs:
+        return None
+    return (statistics.median(rs), min(rs), max(rs), len(rs))
+
+
+def fmt_ratio(r):
+    if r is None:
+        return "—"
+    m, lo, hi, n = r
+    return f"{m:.2f} [{lo:.2f}–{hi:.2f}]"
+
+
+# ---------------------------------------------------------------- machine
+
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+def machine(dir_):
+    mem = sh("awk '/MemTotal/ {printf \"%.1f GiB\", $2/1048576}' /proc/meminfo")
+    src = sh(f"df --output=source {shlex.quote(dir_)} | tail -1")
+    fstype = sh(f"df --output=fstype {shlex.quote(dir_)} | tail -1")
+    dev = os.path.basename(src)
+    parent = sh(f"lsblk -no PKNAME {shlex.quote(src)} 2>/dev/null | head -1") or dev
+    model = sh(f"lsblk -dno MODEL /dev/{parent} 2>/dev/null").strip()
+    if not model:
+        drv = sh(f"basename $(readlink -f /sys/block/{parent}/device/driver) 2>/dev/null")
+        model = f"(lsblk gives no model; driver {drv or '?'})"
+    rota = sh(f"cat /sys/block/{parent}/queue/rotational 2>/dev/null")
+    sched = sh(f"cat /sys/block/{parent}/queue/scheduler 2>/dev/null")
+    return {
+        "nproc": os.cpu_count(),
+        "memory": mem,
+        "kernel": platform.release(),
+        "cpu": sh("awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo"),
+        "disk": f"/dev/{parent} {model}, rotational={rota}, scheduler {sched}",
+        "filesystem": f"{src} ({fstype}) at {dir_}",
+        "fio": sh("fio --version"),
+    }
+
+
+def versions(python):
+    code = ("import torch, deepspeed, importlib.metadata as m; "
+            "print(torch.__version__, deepspeed.__version__, m.version('deepnvme'))")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, DEEPNVME_DEEPSPEED_HOOK="0")).stdout.split()
+    sha = sh(f"git -C {shlex.quote(ROOT)} rev-parse --short HEAD")
+    dirty = sh(f"git -C {shlex.quote(ROOT)} status --porcelain -- src cpp bindings Cargo.toml crates")
+    return {"torch": out[0] if out else "?", "deepspeed": out[1] if len(out) > 1 else "?",
+            "deepnvme": (out[2] if len(out) > 2 else "?") + f" (git {sha}{'+dirty' if dirty else ''})"}
+
+
+# ---------------------------------------------------------------- main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a few cells at small sizes (checks the harness)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per cell [4; --quick 2]; even keeps orders balanced")
+    ap.add_argument("--size", default=None, help="bytes per throughput run and file size [256M; --quick 64M]")
+    ap.add_argument("--op-bytes", default=None, help="bytes per op/buffer [min(size, 128M)]")
+    ap.add_argument("--dir", default=None, help="where the test file goes [./target/perf]")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "perf"), help="output folder [docs/perf]")
+    ap.add_argument("--pause", type=float, default=0.5, help="seconds to pause before each run [0.5]")
+    ap.add_argument("--small-seconds", type=float, default=None, help="seconds per small-op run [3; --quick 1]")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--cli", default=os.path.join(ROOT, "target", "release", "deepnvme"))
+    ap.add_argument("--is-managed-bin", default=os.path.join(ROOT, "target", "release", "examples", "is_managed_bench"))
+    ap.add_argument("--command", default=None, help="the command line to print in the report")
+    a = ap.parse_args()
+
+    quick = a.quick
+    rounds = a.rounds or (2 if quick else 4)
+    size = parse_size(a.size or ("64M" if quick else "256M"))
+    op_bytes = parse_size(a.op_bytes) if a.op_bytes else min(size, 128 * MiB)
+    small_seconds = a.small_seconds or (1.0 if quick else 3.0)
+    dir_ = os.path.abspath(a.dir or os.path.join(ROOT, "target", "perf"))
+    os.makedirs(dir_, exist_ok=True)
+    os.makedirs(a.out, exist_ok=True)
+    if size % op_bytes or op_bytes % (8 * MiB):
+        raise SystemExit("run: --size must be a multiple of --op-bytes, and --op-bytes of 8 MiB")
+    command = a.command or " ".join(shlex.quote(x) for x in sys.argv)
+
+    started = time.time()
+    start_stamp = datetime.datetime.now().astimezone()
+    load_before = os.getloadavg()
+    mach = machine(dir_)
+    vers = versions(a.python)
+    log(f"run: {'QUICK ' if quick else ''}rounds {rounds}, size {show_size(size)}, op {show_size(op_bytes)}, dir {dir_}")
+    log(f"run: load average {load_before[0]:.2f} at start")
+
+    cells, trimmed = build_grid(quick)
+    settle = Settle(a.pause)
+    path = os.path.join(dir_, "perf-grid.dat")
+
+    log("run: starting the stock worker (the first start JIT-builds DeepSpeed's async_io: a minute or two) ...")
+    workers = {"stock": Worker("stock", a.python)}
+    log(f"run: stock: {workers['stock'].hello}")
+    workers["deepnvme"] = Worker("deepnvme", a.python)
+    log(f"run: deepnvme: {workers['deepnvme'].hello}")
+
+    log(f"run: laying out {path} ({show_size(size)}, untimed) ...")
+    fio_json(["--name=layout", f"--filename={path}", "--direct=1", "--ioengine=io_uring", "--rw=write",
+              f"--size={size}", "--bs=1M", "--iodepth=32"])
+
+    def run_one(impl, c):
+        settle()
+        if impl == "fio":
+            return run_fio(c, path, size)
+        if impl == "cli":
+            return run_cli(a.cli, c, path, size, op_bytes)
+        cfg = {"op": c["op"], "file": path, "size": size, "op_bytes": op_bytes, "block_size": c["bs"],
+               "queue_depth": c["qd"], "parallelism": c["par"], "overlap_events": c["overlap"],
+               "single_submit": 0, "buffer": c["buffer"]}
+        return workers[impl].run(cfg)
+
+    results = {"cells": [], "small": [], "is_managed": None}
+    total = sum(len(cell_impls(c)) for c in cells) * rounds
+    done = 0
+    for c in cells:
+        impls = cell_impls(c)
+        runs = {i: [] for i in impls}
+        cpu = {i: [] for i in impls}
+        for r in range(rounds):
+            order = impls if r % 2 == 0 else list(reversed(impls))
+            for impl in order:
+                out = run_one(impl, c)
+                runs[impl].append(out["gb_per_s"])
+                cpu[impl].append(out["cpu_s_per_gb"])
+                done += 1
+            log(f"run: [{done}/{total}] {cell_label(c)} round {r + 1} ({' '.join(order)}): "
+                + "  ".join(f"{i} {runs[i][-1]:.3f}" for i in impls))
+        results["cells"].append({**c, "label": cell_label(c), "gb_per_s": runs, "cpu_s_per_gb": cpu})
+
+    small_sizes = [4096] if quick else [4096, 65536]
+    for ob in small_sizes:
+        impls = ["fio-psync", "stock", "deepnvme"]
+        ops = {i: [] for i in impls}
+        cpu = {i: [] for i in impls}
+        for r in range(rounds):
+            order = impls if r % 2 == 0 else list(reversed(impls))
+            for impl in order:
+                settle()
+                if impl == "fio-psync":
+                    out = run_fio_small(path, size, ob, small_seconds)
+                else:
+                    out = workers[impl].run({"op": "small", "file": path, "size": size, "op_bytes": ob,
+                                             "seconds": small_seconds, "seed": r + 1, "buffer": "locked",
+                                             "block_size": MiB, "queue_depth": 32, "parallelism": 1})
+                ops[impl].append(out["ops_per_s"])
+                cpu[impl].append(out["cpu_us_per_op"])
+            log(f"run: small {show_size(ob)} round {r + 1} ({' '.join(order)}): "
+                + "  ".join(f"{i} {ops[i][-1]:.0f}/s" for i in impls))
+        results["small"].append({"op_bytes": ob, "ops_per_s": ops, "cpu_us_per_op": cpu})
+
+    for w in workers.values():
+        w.close()
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+    counts = "10,1000" if quick else "10,1000,100000"
+    log(f"run: is_managed microbenchmark ({counts} live regions) ...")
+    r = subprocess.run([a.is_managed_bin, "--counts", counts, "--json", "--budget-ms", "50" if quick else "200"],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        results["is_managed"] = json.loads(r.stdout)
+    else:
+        log(f"run: is_managed_bench failed: {r.stderr.strip()}")
+
+    duration = time.time() - started
+    load_after = os.getloadavg()
+    meta = {"quick": quick, "date": start_stamp.isoformat(timespec="seconds"), "command": command,
+            "duration_s": round(duration, 1), "rounds": rounds, "size": size, "op_bytes": op_bytes,
+            "pause_s": a.pause, "small_seconds": small_seconds, "drop_caches": settle.can_drop,
+            "load_before": load_before, "load_after": load_after, "machine": mach, "versions": vers,
+            "trimmed": trimmed, "stock_module": workers["stock"].hello, "deepnvme_module": workers["deepnvme"].hello}
+    results["meta"] = meta
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    charts(results, a.out)
+    write_report(results, a.out)
+    log(f"run: done in {duration:.0f} s; wrote {a.out}/README.md")
+
+
+# ---------------------------------------------------------------- output
+
+def charts(res, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"fio": "#777777", "stock": "#d95f02", "deepnvme": "#1b9e77", "cli": "#7570b3",
+              "fio-psync": "#777777"}
+    q = " (QUICK run: harness check, not a measurement)" if res["meta"]["quick"] else ""
+
+    cells = res["cells"]
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.75 * len(cells)), 8), squeeze=False)
+    for ax, op in zip(axes[:, 0], ("read", "write")):
+        cs = [c for c in cells if c["op"] == op]
+        impls = ["fio", "stock", "deepnvme", "cli"]
+        w = 0.2
+        for k, impl in enumerate(impls):
+            xs, ys, lo, hi = [], [], [], []
+            for i, c in enumerate(cs):
+                v = c["gb_per_s"].get(impl)
+                if not v:
+                    continue
+                m = med(v)
+                xs.append(i + (k - 1.5) * w)
+                ys.append(m)
+                lo.append(m - min(v))
+                hi.append(max(v) - m)
+            ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=impl, color=colors[impl])
+        ax.set_xticks(range(len(cs)))
+        ax.set_xticklabels([c["label"][2:] for c in cs], rotation=45, ha="right", fontsize=8)
+        ax.set_ylabel("GB/s (median, bars: min–max)")
+        ax.set_title(f"{op}s{q}", fontsize=10)
+        ax.legend(fontsize=8, ncol=4)
+    fig.suptitle("block size, queue depth q, intra_op_parallelism p, L = locked buffer, P = plain torch.empty",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "grid.png"), dpi=100)
+    plt.close(fig)
+
+    small = res["small"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    impls = ["fio-psync", "stock", "deepnvme"]
+    w = 0.25
+    for k, impl in enumerate(impls):
+        ys = [med(s["ops_per_s"][impl]) for s in small]
+        lo = [y - min(s["ops_per_s"][impl]) for y, s in zip(ys, small)]
+        hi = [max(s["ops_per_s"][impl]) - y for y, s in zip(ys, small)]
+        ax.bar([i + (k - 1) * w for i in range(len(small))], ys, w, yerr=[lo, hi], capsize=3, label=impl,
+               color=colors[impl])
+    ax.set_xticks(range(len(small)))
+    ax.set_xticklabels([f"{show_size(s['op_bytes'])} sync_pread" for s in small])
+    ax.set_ylabel("round trips / s (median, min–max)")
+    ax.set_title(f"small reads at random aligned offsets, queue depth 1{q}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "small_ops.png"), dpi=100)
+    plt.close(fig)
+
+    im = res.get("is_managed")
+    if im and im.get("rows"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        n = [r["regions"] for r in im["rows"]]
+        for key, lab, col, st in (("deepnvme_hit_ns", "deepnvme hit", colors["deepnvme"], "-"),
+                                  ("linear_hit_ns", "linear scan hit", colors["stock"], "-"),
+                                  ("deepnvme_miss_ns", "deepnvme miss", colors["deepnvme"], "--"),
+                                  ("linear_miss_ns", "linear scan miss", colors["stock"], "--")):
+            ax.plot(n, [r[key] for r in im["rows"]], st, marker="o", color=col, label=lab)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("live locked allocations")
+        ax.set_ylabel("ns per is_managed lookup")
+        ax.set_title(f"pinned-manager lookup{q}", fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "is_managed.png"), dpi=100)
+        plt.close(fig)
+
+
+def write_report(res, out):
+    m = res["meta"]
+    mach, v = m["machine"], m["versions"]
+    L = []
+    title = "# Performance: deepnvme against fio and DeepSpeed's stock async_io"
+    L.append(title)
+    L.append("")
+    if m["quick"]:
+        L.append("> **QUICK RUN (`--quick`): a check of the harness at small sizes on a busy machine, not a "
+                 "measurement.** Repeat the full run (below) on a quiet machine before quoting any number.")
+        L.append("")
+    L.append("Generated by `benches/run.sh`; every run is in [results.json](results.json).")
+    L.append("")
+    L.append("| | |")
+    L.append("|---|---|")
+    L.append(f"| date | {m['date']} |")
+    L.append(f"| command | `{m['command']}` ({m['duration_s']:.0f} s) |")
+    L.append(f"| machine | {mach['nproc']} CPUs ({mach['cpu']}), {mach['memory']} memory, kernel {mach['kernel']} |")
+    L.append(f"| disk | {mach['disk']} |")
+    L.append(f"| file system | {mach['filesystem']} |")
+    L.append(f"| load average | {m['load_before'][0]:.2f} at start, {m['load_after'][0]:.2f} at end (1 min) |")
+    L.append(f"| software | {mach['fio']}, torch {v['torch']}, deepspeed {v['deepspeed']}, deepnvme {v['deepnvme']} |")
+    L.append(f"| stock op | `{m['stock_module']['module']}` (DEEPNVME_DEEPSPEED_HOOK=0, JIT-built from the installed deepspeed, libaio) |")
+    L.append(f"| deepnvme op | `{m['deepnvme_module']['module']}` (AsyncIOBuilder().load() with the hook on) |")
+    L.append(f"| sizes | {show_size(m['size'])} per throughput run (the whole file), {show_size(m['op_bytes'])} per op/buffer, "
+             f"{m['small_seconds']:g} s per small-op run |")
+    L.append(f"| rounds | {m['rounds']} per cell |")
+    L.append("")
+    L.append("## Method")
+    L.append("")
+    L.append("One file on one file system. For every cell each implementation runs once per round; odd rounds "
+             "run them in the listed order, even rounds in reverse (the disk here favours whichever run goes "
+             "second), each run after `sync`, `echo 3 > /proc/sys/vm/drop_caches`"
+             + ("" if m["drop_caches"] else " (**not permitted here: skipped**)")
+             + f" and a {m['pause_s']:g} s pause. A ratio is taken per round (two runs of the same round) and "
+             "reported as median [min–max] over the rounds. GB/s are 10^9 bytes/s.")
+    L.append("")
+    L.append("* **fio**: `--ioengine=io_uring --direct=1 --bs=B --iodepth=Q --numjobs=P`, each job its own "
+             "1/P of the file (as intra_op_parallelism splits a buffer); CPU from fio's usr/sys per job.")
+    L.append("* **stock**: DeepSpeed's `aio_handle` (libaio) from `AsyncIOBuilder().load()` with "
+             "`DEEPNVME_DEEPSPEED_HOOK=0`; **deepnvme**: the same call with the hook on. Both run in a "
+             "long-lived `benches/ds_worker.py --serve` process (one fresh handle and buffer per run, untimed); "
+             "the timed loop is `sync_pread`/`sync_pwrite` of one buffer per op at increasing offsets; "
+             "CPU is `getrusage(RUSAGE_SELF)` user+system over the loop (all threads of the process).")
+    L.append("* **cli**: `deepnvme bench --read-only|--write-only` with the same knobs (its own timed "
+             "section and process CPU).")
+    L.append("* **L** = `new_cpu_locked_tensor` buffer (direct I/O into it); **P** = plain `torch.empty` "
+             "(not page-locked: both implementations bounce it, DeepSpeed through a buffer it allocates and "
+             "mlocks per op, deepnvme through an unlocked page-aligned one).")
+    L.append("")
+    L.append(f"Grid: {m['trimmed']}")
+    L.append("")
+    L.append("## Throughput grid")
+    L.append("")
+    L.append("![grid](grid.png)")
+    L.append("")
+    L.append("Median GB/s; ratios are median [min–max] of per-round ratios; CPU is median CPU seconds per GB.")
+    L.append("")
+    L.append("| cell | fio | stock | deepnvme | cli | deepnvme/stock | deepnvme/fio | cli/fio | CPU s/GB fio / stock / deepnvme / cli |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c in res["cells"]:
+        g, cp = c["gb_per_s"], c["cpu_s_per_gb"]
+
+        def gv(i):
+            return f"{med(g[i]):.3f}" if i in g else "—"
+
+        def cv(i):
+            return f"{med(cp[i]):.3f}" if i in cp else "—"
+
+        dn_st = ratio_stats(g["deepnvme"], g["stock"])
+        dn_fio = ratio_stats(g["deepnvme"], g["fio"]) if "fio" in g else None
+        cli_fio = ratio_stats(g["cli"], g["fio"]) if "cli" in g and "fio" in g else None
+        L.append(f"| {c['label']} | {gv('fio')} | {gv('stock')} | **{gv('deepnvme')}** | {gv('cli')} | "
+                 f"{fmt_ratio(dn_st)} | {fmt_ratio(dn_fio)} | {fmt_ratio(cli_fio)} | "
+                 f"{cv('fio')} / {cv('stock')} / {cv('deepnvme')} / {cv('cli')} |")
+    L.append("")
+    L.append("Cell: R/W, block size, queue depth q, intra_op_parallelism p, L locked / P plain; "
+             "overlap_events on, single_submit off everywhere.")
+    L.append("")
+    L.append("## Small ops: `sync_pread` round trips per second")
+    L.append("")
+    L.append("![small ops](small_ops.png)")
+    L.append("")
+    L.append("Random offsets aligned to the op size inside the file, one at a time, on a locked buffer; "
+             "fio: `--ioengine=psync --iodepth=1 --rw=randread --direct=1` on the same file. DeepSpeed's "
+             "`sync_pread` opens and closes the file on every call (both implementations do, by contract).")
+    L.append("")
+    L.append("| op | fio psync qd1 | stock | deepnvme | deepnvme/stock | deepnvme/fio | CPU µs/op fio / stock / deepnvme |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|")
+    for s in res["small"]:
+        o, cp = s["ops_per_s"], s["cpu_us_per_op"]
+        L.append(f"| {show_size(s['op_bytes'])} | {med(o['fio-psync']):.0f} | {med(o['stock']):.0f} | "
+                 f"**{med(o['deepnvme']):.0f}** | {fmt_ratio(ratio_stats(o['deepnvme'], o['stock']))} | "
+                 f"{fmt_ratio(ratio_stats(o['deepnvme'], o['fio-psync']))} | "
+                 f"{med(cp['fio-psync']):.1f} / {med(cp['stock']):.1f} / {med(cp['deepnvme']):.1f} |")
+    L.append("")
+    L.append("## Pinned-memory manager: `is_managed` lookups")
+    L.append("")
+    im = res.get("is_managed")
+    if im:
+        L.append("![is_managed](is_managed.png)")
+        L.append("")
+        L.append("`cargo run --release --example is_managed_bench` (examples/is_managed_bench.rs): "
+                 "`PinnedMemoryManager::is_managed` (a `BTreeMap` range lookup under a read lock) against a "
+                 "linear scan over the same regions under a mutex, as DeepSpeed's C++ `deepspeed_pin_tensor_t` "
+                 "does; each region is a 1-byte allocation (one locked page). Hit: a random live region "
+                 "(the scan stops at the match, N/2 entries on average); miss: an address in no region "
+                 "(the scan walks all N). ns per lookup, best of 3 timed passes.")
+        L.append("")
+        L.append(f"Locked memory: {im['memlock']}. vm.max_map_count {im['max_map_count']}.")
+        L.append("")
+        L.append("| live regions | deepnvme hit | linear hit | deepnvme miss | linear miss | linear/deepnvme (hit) |")
+        L.append("|---:|---:|---:|---:|---:|---:|")
+        for r in im["rows"]:
+            L.append(f"| {r['regions']:,} | {r['deepnvme_hit_ns']:.1f} ns | {r['linear_hit_ns']:.1f} ns | "
+                     f"{r['deepnvme_miss_ns']:.1f} ns | {r['linear_miss_ns']:.1f} ns | "
+                     f"{r['linear_hit_ns'] / r['deepnvme_hit_ns']:.1f}x |")
+        for s in im.get("skipped", []):
+            L.append(f"\nSkipped: {s}")
+    else:
+        L.append("(is_managed_bench did not run; see the run's stderr)")
+    L.append("")
+    L.append("## Reproduce")
+    L.append("")
+    L.append("```sh")
+    L.append("benches/run.sh            # full run (about 12 minutes here); --quick checks the harness in ~3")
+    L.append("benches/run.sh --help     # --rounds N, --size, --dir, --quick")
+    L.append("```")
+    L.append("")
+    with open(os.path.join(out, "README.md"), "w") as f:
+        f.write("\n".join(L))
+
+
+if __name__ == "__main__":
+    main()
