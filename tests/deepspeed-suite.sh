@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Runs DeepSpeed's own tests for these ops against the installed deepnvme:
 #   tests/unit/v1/nvme/  and  tests/unit/v1/pin_memory/test_pin_memory*.py
-# Usage: tests/deepspeed-suite.sh /path/to/DeepSpeed/tests
+# Usage: tests/deepspeed-suite.sh /path/to/DeepSpeed/tests [TEST_PATH...]
+# With TEST_PATHs (relative to that tests/ folder, e.g.
+# unit/runtime/zero/test_nvme_checkpointing.py) only those run.
 # The DeepSpeed checkout must live outside this repository (its tests are not
 # ours to copy); its conftest puts the checkout's parent on sys.path, so the
 # tests run from a copy of its tests/ folder to keep the installed deepspeed.
 set -euo pipefail
-SRC=${1:?usage: $0 /path/to/DeepSpeed/tests}
+SRC=${1:?usage: $0 /path/to/DeepSpeed/tests [TEST_PATH...]}
+shift
+if [ $# -eq 0 ]; then
+    set -- unit/v1/nvme/ unit/v1/pin_memory/test_pin_memory.py unit/v1/pin_memory/test_pin_memory_op.py
+fi
 VENV=${DEEPNVME_VENV:-$HOME/.cache/deepnvme-venv}
 # DeepSpeed JIT-builds its CPU comm op in its tests, and needs ninja from the venv.
 export PATH="$VENV/bin:$PATH"
@@ -14,5 +20,4 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cp -r "$SRC" "$WORK/tests"
 cd "$WORK/tests"
-"$VENV/bin/python" -m pytest -p no:cacheprovider -q -rs \
-    unit/v1/nvme/ unit/v1/pin_memory/test_pin_memory.py unit/v1/pin_memory/test_pin_memory_op.py
+"$VENV/bin/python" -m pytest -p no:cacheprovider -q -rs "$@"
