@@ -281,10 +281,29 @@ pub fn memcpy_f32(dest: &TensorDesc, src: &TensorDesc) -> Result<i32> {
 /// `deepspeed_pin_tensor_t::alloc`: the base of `num_elem * element_size`
 /// new bytes of locked memory.
 pub fn pinned_alloc(num_elem: i64, element_size: usize) -> Result<usize> {
-    let bytes = usize::try_from(num_elem).ok().and_then(|n| n.checked_mul(element_size)).ok_or_else(|| {
-        Error::InvalidArgument(format!("cannot allocate {num_elem} elements of {element_size} bytes of locked memory"))
-    })?;
+    let bytes = locked_bytes(num_elem, element_size)?;
     blocking(|| PinnedMemoryManager::shared().alloc(bytes)).map(|p| p.as_ptr() as usize)
+}
+
+/// `new_cpu_locked_tensor` for a front end whose tensor owns its memory:
+/// `num_elem * element_size` new bytes of locked memory, managed (so every
+/// handle recognises them) and freed when the returned buffer is dropped;
+/// [`pinned_free`] may unmanage them earlier, as DeepSpeed's
+/// `free_cpu_locked_tensor` does, while the memory stays mapped for its owner.
+pub fn pinned_alloc_owned(num_elem: i64, element_size: usize) -> Result<crate::pinned::LockedBuffer> {
+    let bytes = locked_bytes(num_elem, element_size)?;
+    blocking(|| crate::pinned::LockedBuffer::new(bytes))
+}
+
+fn locked_bytes(num_elem: i64, element_size: usize) -> Result<usize> {
+    usize::try_from(num_elem).ok().and_then(|n| n.checked_mul(element_size)).ok_or_else(|| {
+        Error::InvalidArgument(format!("cannot allocate {num_elem} elements of {element_size} bytes of locked memory"))
+    })
+}
+
+/// `pin_handle.is_pinned(buffer)`: torch-pinned, or inside a managed region.
+pub fn pinned_or_managed(tensor: &TensorDesc) -> bool {
+    tensor.has_storage && (tensor.buffer.is_declared_pinned() || pinned_is_managed(tensor))
 }
 
 /// `deepspeed_pin_tensor_t::free`: frees the allocation based exactly at `base`.

@@ -53,6 +53,8 @@ struct Region {
     base: usize,
     requested: usize,
     mapped: usize,
+    /// Held by a [`LockedBuffer`] (which keeps it mapped while it lives).
+    owned: bool,
 }
 
 impl Drop for Region {
@@ -218,17 +220,24 @@ impl PinnedMemoryManager {
     /// Allocates `bytes` of page-aligned, locked memory and records it.
     /// A zero-byte request still gets a (one-page) mapping with a unique base.
     pub fn alloc(&self, bytes: usize) -> Result<NonNull<u8>> {
+        let region = self.alloc_region(bytes, false)?;
+        Ok(NonNull::new(region.base as *mut u8).expect("a mapping is never at address 0"))
+    }
+
+    fn alloc_region(&self, bytes: usize, owned: bool) -> Result<Arc<Region>> {
         let buf = PageAlignedBuffer::new(bytes, LockMode::Required)?;
         let (ptr, mapped) = buf.into_raw();
         let base = ptr.as_ptr() as usize;
-        self.regions.write().insert(base, Arc::new(Region { base, requested: bytes, mapped }));
-        Ok(ptr)
+        let region = Arc::new(Region { base, requested: bytes, mapped, owned });
+        self.regions.write().insert(base, region.clone());
+        Ok(region)
     }
 
     /// Frees the region whose base is exactly `base`. Returns whether
     /// anything was freed; an interior pointer or unknown address is refused.
     ///
-    /// The region stops being managed at once. When an async op is still
+    /// The region stops being managed at once (and a [`LockedBuffer`]'s is
+    /// unlocked at once, its mapping kept for its owner). When an async op is still
     /// moving bytes to or from it (it holds a [`RegionHold`]), the unlock and
     /// unmap wait for the last such op to finish: the memory stays mapped, so
     /// its address cannot be handed out again and the pending I/O cannot
@@ -237,7 +246,14 @@ impl PinnedMemoryManager {
         let removed = self.regions.write().remove(&(base as usize));
         match removed {
             Some(r) => {
-                if Arc::strong_count(&r) > 1 {
+                if r.owned {
+                    // Its owner (a front end's tensor) keeps the mapping
+                    // valid; the lock goes now, as DeepSpeed's free does.
+                    // SAFETY: unlocking a mapping this region owns; munlock
+                    // again at its drop is harmless.
+                    unsafe { libc::munlock(r.base as *const libc::c_void, r.mapped) };
+                }
+                if Arc::strong_count(&r) > 1 + usize::from(r.owned) {
                     crate::log::info_once(
                         "free-in-flight",
                         &format!(
@@ -304,48 +320,71 @@ impl Drop for PinnedMemoryManager {
 /// Page-locked memory from the process-wide manager, owned: freed when
 /// dropped. Recognised as pinned by every handle, so I/O goes straight to
 /// it; it can be moved into an async op ([`crate::IoHandle::submit_read`]).
+///
+/// It holds its region, so the memory stays mapped for as long as it lives
+/// even when someone frees the region through the manager first (a front
+/// end's `free_cpu_locked_tensor`): that only stops it being managed, and
+/// dropping the buffer afterwards never frees another allocation that
+/// happens to start at the same address.
 pub struct LockedBuffer {
-    ptr: NonNull<u8>,
-    len: usize,
+    region: Arc<Region>,
 }
-
-// SAFETY: plain memory owned by this value.
-unsafe impl Send for LockedBuffer {}
-unsafe impl Sync for LockedBuffer {}
 
 impl LockedBuffer {
     /// `len` zeroed bytes of page-aligned, locked memory. Fails (naming the
     /// size and RLIMIT_MEMLOCK) when the memory cannot be locked.
     pub fn new(len: usize) -> Result<LockedBuffer> {
-        let ptr = PinnedMemoryManager::shared().alloc(len)?;
-        Ok(LockedBuffer { ptr, len })
+        Ok(LockedBuffer { region: PinnedMemoryManager::shared().alloc_region(len, true)? })
+    }
+
+    /// The base address of the memory.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.region.base as *mut u8
+    }
+
+    /// Whether the process-wide manager still manages this memory (false
+    /// once it was freed through the manager).
+    pub fn is_managed(&self) -> bool {
+        PinnedMemoryManager::shared().regions.read().get(&self.region.base).is_some_and(|r| Arc::ptr_eq(r, &self.region))
     }
 }
 
 impl std::ops::Deref for LockedBuffer {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `len` bytes mapped at `ptr` and owned by self (mmap zeroes them).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        // SAFETY: `requested` bytes mapped at `base`, kept mapped by the
+        // region this buffer holds (mmap zeroed them).
+        unsafe { std::slice::from_raw_parts(self.region.base as *const u8, self.region.requested) }
     }
 }
 
 impl std::ops::DerefMut for LockedBuffer {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` is exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.region.base as *mut u8, self.region.requested) }
     }
 }
 
 impl std::fmt::Debug for LockedBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockedBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
+        f.debug_struct("LockedBuffer").field("ptr", &self.as_ptr()).field("len", &self.region.requested).finish()
     }
 }
 
 impl Drop for LockedBuffer {
     fn drop(&mut self) {
-        PinnedMemoryManager::shared().free(self.ptr.as_ptr());
+        // Unmanage it only when the manager's entry is still this region;
+        // the mapping goes with the last reference (this one, or an op's).
+        let removed = {
+            let mut regions = PinnedMemoryManager::shared().regions.write();
+            let ours = regions.get(&self.region.base).is_some_and(|r| Arc::ptr_eq(r, &self.region));
+            if ours {
+                regions.remove(&self.region.base)
+            } else {
+                None
+            }
+        };
+        drop(removed); // outside the lock: the unmap, when this was the last reference
     }
 }
 
@@ -354,6 +393,29 @@ impl Drop for LockedBuffer {
 unsafe impl crate::buffer::IoBuffer for LockedBuffer {
     fn io_desc(&mut self) -> crate::BufferDesc {
         // SAFETY: the op owns this buffer until it finishes.
-        unsafe { crate::BufferDesc::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { crate::BufferDesc::from_raw_parts(self.as_ptr(), self.region.requested) }
+    }
+}
+
+#[cfg(test)]
+mod locked_buffer_tests {
+    use super::*;
+
+    #[test]
+    fn a_locked_buffer_freed_through_the_manager_stays_mapped_and_never_frees_a_newer_region() {
+        let mut a = LockedBuffer::new(8192).unwrap();
+        a.fill(7);
+        let base = a.as_ptr();
+        assert!(a.is_managed());
+        assert!(PinnedMemoryManager::shared().free(base));
+        assert!(!a.is_managed());
+        assert!(!PinnedMemoryManager::shared().is_managed(base, 1));
+        // Still mapped: readable and writable, and its address is not handed out again.
+        assert!(a.iter().all(|&b| b == 7));
+        a.fill(9);
+        let b = LockedBuffer::new(8192).unwrap();
+        assert_ne!(b.as_ptr(), base);
+        drop(a);
+        assert!(b.is_managed(), "dropping a freed buffer must not unmanage another region");
     }
 }

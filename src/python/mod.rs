@@ -1,10 +1,29 @@
 //! The pyo3 front end: the Python module `deepnvme._native`.
 //!
 //! The module lives in the torch-free shared object that holds the Rust core
-//! (the torch glue, `libdeepnvme_torch.so`, links against it), so what it
-//! reports (engine, pinned regions, statistics) is the state that the
-//! DeepSpeed extensions built against this core share. It is also how the
-//! core reaches Python for DeepSpeed's one-time write warning.
+//! (the torch glue, `libdeepnvme_torch.so`, links against it when the
+//! compiled modules are built), so what it reports (engine, pinned regions,
+//! statistics) is the state that the DeepSpeed extensions built against this
+//! core share. It is also how the core reaches Python for DeepSpeed's
+//! one-time write warning.
+//!
+//! It is also a complete front end of its own, with DeepSpeed's Python API
+//! (`deepnvme.frontend` re-exports it for DeepSpeed's op builders), one file
+//! per concept:
+//! * `handle`: `aio_handle` and `gds_handle`;
+//! * `functions`: `aio_read`, `aio_write`, `deepspeed_memcpy`;
+//! * `pinned`: `pin_handle`, `new_cpu_locked_tensor` and the locked memory
+//!   the returned tensor owns;
+//! * `buffer`: torch tensors, numpy arrays and buffer-protocol objects as
+//!   the core's `TensorDesc` and `Staging`.
+//!
+//! Every entry point calls [`crate::deepspeed`], where DeepSpeed's semantics
+//! live, and runs what can block detached from the interpreter.
+
+mod buffer;
+mod functions;
+mod handle;
+mod pinned;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -131,5 +150,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gds_unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(gds_environment, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
+    // The front end (DeepSpeed's Python API).
+    m.add_class::<handle::AioHandle>()?;
+    m.add_class::<handle::GdsHandle>()?;
+    m.add_class::<pinned::PinHandle>()?;
+    m.add_class::<pinned::LockedMemory>()?;
+    m.add_function(wrap_pyfunction!(functions::aio_read, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::aio_write, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::deepspeed_memcpy, m)?)?;
     Ok(())
 }

@@ -1,0 +1,147 @@
+//! Python objects as the core sees them: a [`TensorDesc`] and a [`Staging`]
+//! that holds the object until the op is finished.
+//!
+//! What an object is (torch tensor, numpy array, buffer-protocol object) is
+//! asked in Python, by `deepnvme._objects.describe`, through the objects'
+//! Python interfaces only (no torch, numpy or buffer API is linked: the
+//! module is abi3). This file turns its answer into the core's types.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyString};
+
+use crate::buffer::{BufferDesc, Location, Staging};
+use crate::deepspeed::TensorDesc;
+use crate::error::{Error, Result};
+
+/// A core error as Python sees it (pybind11 turns the compiled modules'
+/// errors into `RuntimeError` too).
+pub(crate) fn py_err(e: Error) -> PyErr {
+    PyRuntimeError::new_err(e.to_string())
+}
+
+/// `deepnvme._objects`, imported once.
+pub(crate) fn objects(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    MODULE.get_or_try_init(py, || py.import("deepnvme._objects").map(Bound::unbind)).map(|m| m.bind(py))
+}
+
+/// An object described for the core, and the op's hold on it.
+pub(crate) struct Described {
+    pub tensor: TensorDesc,
+    pub staging: PyStaging,
+}
+
+/// The op's hold on the caller's object (and on its buffer export), and the
+/// way to copy it to and from a bounce buffer: memcpy for contiguous host
+/// memory, else the object's own copy (`copy_`, `numpy.copyto`), called
+/// with the GIL.
+pub(crate) struct PyStaging {
+    _hold: Py<PyAny>,
+    copier: Option<Py<PyAny>>,
+    desc: BufferDesc,
+}
+
+impl PyStaging {
+    fn call(&self, copier: &Py<PyAny>, method: &str, addr: *const u8, n: usize) -> Result<()> {
+        Python::try_attach(|py| {
+            copier
+                .bind(py)
+                .call_method1(method, (addr as usize, n))
+                .map(|_| ())
+                .map_err(|e| Error::Copy(format!("{method}: {e}")))
+        })
+        .unwrap_or_else(|| Err(Error::Copy("the Python interpreter is shutting down".into())))
+    }
+
+    fn memcpy_ok(&self) -> Result<()> {
+        if self.desc.is_host() && self.desc.is_contiguous() {
+            Ok(())
+        } else {
+            Err(Error::Copy("no copier for device or strided memory".into()))
+        }
+    }
+}
+
+impl Staging for PyStaging {
+    fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> Result<()> {
+        let n = bounce.len().min(self.desc.len());
+        match &self.copier {
+            Some(c) => self.call(c, "to_bounce", bounce.as_ptr(), n),
+            None => {
+                self.memcpy_ok()?;
+                // SAFETY: `describe`'s contract: `desc` is contiguous host
+                // memory kept alive by `_hold` until the op is finished.
+                unsafe { std::ptr::copy_nonoverlapping(self.desc.ptr(), bounce.as_mut_ptr(), n) };
+                Ok(())
+            }
+        }
+    }
+
+    fn copy_from_bounce(&mut self, bounce: &[u8]) -> Result<()> {
+        let n = bounce.len().min(self.desc.len());
+        match &self.copier {
+            Some(c) => self.call(c, "from_bounce", bounce.as_ptr(), n),
+            None => {
+                self.memcpy_ok()?;
+                // SAFETY: as above.
+                unsafe { std::ptr::copy_nonoverlapping(bounce.as_ptr(), self.desc.ptr(), n) };
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Describes `obj` for a call named `what`. `into`: the op writes into the
+/// object (a read), so a read-only buffer is refused with a TypeError.
+pub(crate) fn describe(py: Python<'_>, obj: &Bound<'_, PyAny>, into: bool, what: &str) -> PyResult<Described> {
+    let answer = objects(py)?.call_method1("describe", (obj, into, what))?;
+    #[allow(clippy::type_complexity)]
+    let (ptr, nbytes, element_size, dim0, device, index, contiguous, pinned, has_storage, hold, copier): (
+        usize,
+        usize,
+        usize,
+        i64,
+        String,
+        i32,
+        bool,
+        bool,
+        bool,
+        Py<PyAny>,
+        Option<Py<PyAny>>,
+    ) = answer.extract()?;
+    let location = match device.as_str() {
+        "cpu" => Location::Host,
+        "cuda" => Location::Cuda(index),
+        _ => Location::OtherDevice,
+    };
+    // SAFETY: `hold` keeps the object (and its buffer export) alive until the
+    // op using this description is finished: the core keeps the returned
+    // PyStaging as the op's Staging. Calls without an op (is_pinned, memcpy,
+    // free) use the memory only while the caller's object is alive.
+    let desc = unsafe { BufferDesc::from_raw_parts(ptr as *mut u8, nbytes) }
+        .located(location)
+        .contiguous(contiguous)
+        .pinned(location == Location::Host && pinned);
+    let tensor = TensorDesc { buffer: desc, has_storage, element_size, dim0 };
+    Ok(Described { tensor, staging: PyStaging { _hold: hold, copier, desc } })
+}
+
+/// A file name as DeepSpeed's bindings take it (`const char*`: str or bytes).
+pub(crate) fn path_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PathBuf> {
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(PathBuf::from(s.to_cow()?.into_owned()));
+    }
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(PathBuf::from(OsStr::from_bytes(b.as_bytes())));
+    }
+    Err(PyTypeError::new_err(format!(
+        "{what}: filename must be str or bytes, not {}",
+        obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+    )))
+}
