@@ -13,12 +13,20 @@ would download a second torch just to compile against). Steps:
    build. It is the only copy of the core in the process, so the
    pinned-memory manager and the engines are process-wide whatever order the
    extensions load in, and it imports without torch.
-3. `deepnvme/libdeepnvme_torch.so` (a torch CppExtension, not a Python
-   module) is the torch glue in cpp/src, linked against _native.
+3. `deepnvme/libdeepnvme_pin.so` is the pinned manager's torch front
+   (cpp/src/pin_tensor.cc, tensor_info.cc: deepspeed_pin_tensor_t and
+   DeepSpeed's deepspeed_pin_tensor_mgr_holder), linked against _native;
+   `deepnvme/libdeepnvme_torch.so` is the rest of the torch glue in cpp/src,
+   linked against both (torch CppExtensions, not Python modules). The split
+   keeps what DeepSpeed's RTLD_GLOBAL load of pin_memory makes global down
+   to the pinned front (see cpp/src/pin_tensor.cc).
 4. DeepSpeed's binding files are copied byte-for-byte from the installed
    deepspeed package (hashes checked and printed) and compiled unchanged
    against cpp/include into deepnvme.async_io, deepnvme.pin_memory and
-   deepnvme.gds, each linked against the glue (and through it, _native).
+   deepnvme.gds: pin_memory linked against libdeepnvme_pin.so alone, the
+   others against the glue and libdeepnvme_pin.so (and through them, _native).
+   cpp/include is installed as deepnvme/include for third-party C++
+   (deepnvme.include_dir(), deepnvme.library_dir()).
 5. A .pth file makes DeepSpeed's own op builders return these modules
    (see deepnvme/_deepspeed_hook.py); no DeepSpeed file is edited.
 """
@@ -47,6 +55,11 @@ NATIVE_FILE = "_native" + EXT_SUFFIX
 # The torch glue: a plain shared library in the package folder (no PyInit).
 GLUE_EXT = "deepnvme._torch_glue"
 GLUE_FILE = "libdeepnvme_torch.so"
+# The pinned manager's torch front: its own library (what DeepSpeed's
+# RTLD_GLOBAL load of pin_memory may make global), with these sources.
+PIN_EXT = "deepnvme._pin_glue"
+PIN_FILE = "libdeepnvme_pin.so"
+PIN_SOURCES = ("pin_tensor.cc", "tensor_info.cc")
 OPS = ("async_io", "pin_memory", "gds")
 CXX_FLAGS = ["-std=c++20", "-O2", "-g0", "-Wno-deprecated-declarations"]
 HOOK_PTH = "deepnvme-deepspeed.pth"
@@ -179,6 +192,18 @@ def glue_version_script(build_temp):
 """)
 
 
+def pin_version_script(build_temp):
+    """libdeepnvme_pin.so exports deepspeed_pin_tensor_t's members, DeepSpeed's
+    holder symbol and the tensor description the rest of the glue reuses;
+    nothing that could clash with a class DeepSpeed's stock ops define."""
+    return write_version_script(build_temp, "deepnvme_pin.map", """    deepspeed_pin_tensor_mgr_holder;
+    extern "C++" {
+      deepspeed_pin_tensor_t::*;
+      deepnvme::describe_tensor*;
+    };
+""")
+
+
 def make_extensions():
     from torch.utils.cpp_extension import CppExtension
 
@@ -192,12 +217,19 @@ def make_extensions():
         language="c++",
         libraries=["pthread", "dl", "rt", "m", "util"],
     )
-    glue = CppExtension(
-        name=GLUE_EXT,
-        sources=sorted(str(p) for p in (cpp / "src").glob("*.cc")),
+    pin = CppExtension(
+        name=PIN_EXT,
+        sources=[str(cpp / "src" / f) for f in PIN_SOURCES],
         include_dirs=[str(cpp / "include"), str(cpp / "src")],
         extra_compile_args={"cxx": CXX_FLAGS},
         libraries=[f":{NATIVE_FILE}"],
+    )
+    glue = CppExtension(
+        name=GLUE_EXT,
+        sources=sorted(str(p) for p in (cpp / "src").glob("*.cc") if p.name not in PIN_SOURCES),
+        include_dirs=[str(cpp / "include"), str(cpp / "src")],
+        extra_compile_args={"cxx": CXX_FLAGS},
+        libraries=[f":{NATIVE_FILE}", f":{PIN_FILE}"],
     )
     ops = [
         CppExtension(
@@ -205,12 +237,12 @@ def make_extensions():
             sources=[],  # filled in by BuildDeepNVMe with the staged binding file
             include_dirs=[str(cpp / "include")],
             extra_compile_args={"cxx": CXX_FLAGS},
-            libraries=[f":{GLUE_FILE}"],
+            libraries=[f":{PIN_FILE}"] if op == "pin_memory" else [f":{GLUE_FILE}", f":{PIN_FILE}"],
             extra_link_args=["-Wl,-rpath,$ORIGIN"],
         )
         for op in OPS
     ]
-    return [native, glue] + ops
+    return [native, pin, glue] + ops
 
 
 def build_ext_class():
@@ -221,9 +253,10 @@ def build_ext_class():
         the torch glue, then the DeepSpeed ops."""
 
         def get_ext_filename(self, fullname):
-            # The glue is a library the ops link against, not a Python module.
-            if fullname in (GLUE_EXT, GLUE_EXT.split(".")[-1]):
-                return os.path.join(*fullname.split(".")[:-1], GLUE_FILE)
+            # The glue libraries are what the ops link against, not Python modules.
+            for ext, file in ((GLUE_EXT, GLUE_FILE), (PIN_EXT, PIN_FILE)):
+                if fullname in (ext, ext.split(".")[-1]):
+                    return os.path.join(*fullname.split(".")[:-1], file)
             return super().get_ext_filename(fullname)
 
         def build_extensions(self):
@@ -234,6 +267,18 @@ def build_ext_class():
                 if ext.name == "deepnvme._native":
                     ext.extra_objects = [staticlib]
                     ext.extra_link_args = core_link_args(self.build_temp, staticlib)
+                elif ext.name == PIN_EXT:
+                    ext.include_dirs.append(cxx_include)
+                    ext.library_dirs.append(native_dir)
+                    # -Bsymbolic-functions: its own calls (shared() from the
+                    # holder, alloc's overloads) bind to itself even if some
+                    # other global object defines deepspeed_pin_tensor_t too.
+                    ext.extra_link_args = [
+                        f"-Wl,-soname,{PIN_FILE}",
+                        "-Wl,-rpath,$ORIGIN",
+                        "-Wl,-Bsymbolic-functions",
+                        f"-Wl,--version-script={pin_version_script(self.build_temp)}",
+                    ]
                 elif ext.name == GLUE_EXT:
                     ext.include_dirs.append(cxx_include)
                     ext.library_dirs.append(native_dir)
@@ -248,7 +293,8 @@ def build_ext_class():
                     ext.library_dirs.append(native_dir)
                     ext.extra_link_args.append(f"-Wl,-rpath-link,{native_dir}")
             # _native first, with setuptools' own build_ext (torch's adds
-            # torch flags); then the glue, which links against it; then the
+            # torch flags); then the pinned front and the glue, which link
+            # against it (in that order: the glue links the front); then the
             # three ops in parallel: each is one slow torch translation unit.
             # torch's ninja build writes one build.ninja per build directory,
             # so parallel extensions must not use it: the ops are compiled
@@ -258,9 +304,10 @@ def build_ext_class():
             try:
                 self.extensions = [e for e in everything if e.name == "deepnvme._native"]
                 plain_build_ext.build_extensions(self)
-                self.extensions = [e for e in everything if e.name == GLUE_EXT]
-                super().build_extensions()
-                self.extensions = [e for e in everything if e.name not in ("deepnvme._native", GLUE_EXT)]
+                for name in (PIN_EXT, GLUE_EXT):
+                    self.extensions = [e for e in everything if e.name == name]
+                    super().build_extensions()
+                self.extensions = [e for e in everything if e.name not in ("deepnvme._native", PIN_EXT, GLUE_EXT)]
                 self.compiler.compile = plain_compile
                 self.use_ninja = False
                 self.parallel = max(1, min(len(self.extensions), os.cpu_count() or 1))
@@ -273,12 +320,17 @@ def build_ext_class():
 
 class BuildPyWithHook(build_py):
     """Also installs the .pth that hooks DeepSpeed's op builders, at the root
-    of site-packages (where Python reads .pth files)."""
+    of site-packages (where Python reads .pth files), and cpp/include as
+    deepnvme/include (deepnvme.include_dir(), for third-party C++)."""
 
     def run(self):
         super().run()
         target = Path(self.build_lib) / HOOK_PTH
         target.write_text((HERE / HOOK_PTH).read_text())
+        include = Path(self.build_lib) / "deepnvme" / "include"
+        include.mkdir(parents=True, exist_ok=True)
+        for header in sorted((ROOT / "cpp" / "include").glob("*.h")):
+            (include / header.name).write_text(header.read_text())
 
 
 def main():

@@ -154,6 +154,12 @@ pub const VARIABLES: &[EnvVar] = &[
         meaning: "`0` turns off the import hook that makes DeepSpeed's op builders load deepnvme",
     },
     EnvVar {
+        name: "DEEPNVME_OPS",
+        scope: Scope::Python,
+        default: "`all`",
+        meaning: "the ops deepnvme takes over from DeepSpeed's builders: `all`, `none`, or a comma-separated list of `pin_memory`, `async_io`, `gds` (`async_io` or `gds` imply `pin_memory`); the others stay DeepSpeed's JIT-built C++, on deepnvme's pinned manager",
+    },
+    EnvVar {
         name: "DEEPNVME_PREBUILT_CORE",
         scope: Scope::Build,
         default: "unset: cargo builds the core",

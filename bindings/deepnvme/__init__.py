@@ -16,14 +16,24 @@ every op reaches (through the torch glue, ``libdeepnvme_torch.so``), so there
 is one pinned-memory manager per process. It links nothing of torch, so it
 imports without torch.
 
+Which ops deepnvme takes over is ``DEEPNVME_OPS`` (``all`` by default; e.g.
+``pin_memory`` leaves async_io and gds to DeepSpeed's own JIT-built C++,
+which then runs on deepnvme's pinned manager): see ``provided_ops()``.
+Third-party C++ can share the manager through ``include_dir()`` and
+``library_dir()`` (link ``libraries()``).
+
 This module imports nothing heavy at import time: a .pth file imports it at
 interpreter start to hook DeepSpeed's op builders (see _deepspeed_hook).
 """
 
 import importlib
 import importlib.util
+import os
 
-__all__ = ["OPS", "load_op", "op_unavailable_reason", "native", "stats"]
+__all__ = [
+    "OPS", "load_op", "op_unavailable_reason", "native", "stats",
+    "provided_ops", "include_dir", "library_dir", "libraries",
+]
 __version__ = "0.1.0"
 
 OPS = ("async_io", "pin_memory", "gds")
@@ -65,3 +75,56 @@ def op_unavailable_reason(name):
         except Exception as error:  # pragma: no cover - a broken install
             return f"deepnvme's core failed to load: {error}"
     return None
+
+
+OPS_ENV = "DEEPNVME_OPS"
+
+
+def provided_ops(value=None):
+    """The ops deepnvme takes over from DeepSpeed's builders, as a tuple in
+    OPS order, from ``DEEPNVME_OPS`` (or `value`): ``all`` (the default), or
+    a comma-separated list of op names (``none`` for no op). The others keep
+    DeepSpeed's own behaviour (its JIT-built C++).
+
+    pin_memory is implied by any other op: deepnvme's async_io and gds use
+    the Rust pinned manager, and DeepSpeed's own pin_memory defines the same
+    class (deepspeed_pin_tensor_t) with another layout, so the two cannot
+    share a process. Unknown names raise ValueError."""
+    if value is None:
+        value = os.environ.get(OPS_ENV, "all")
+    names = {n.strip().lower() for n in value.split(",") if n.strip()}
+    if not names or names == {"all"}:
+        return OPS
+    if names == {"none"}:
+        return ()
+    unknown = sorted(names - set(OPS))
+    if unknown:
+        raise ValueError(
+            f"{OPS_ENV}={value!r}: unknown op(s) {', '.join(unknown)}; "
+            f"use 'all', 'none' or a comma-separated list of {', '.join(OPS)}")
+    if names & {"async_io", "gds"}:
+        names.add("pin_memory")
+    return tuple(op for op in OPS if op in names)
+
+
+def _package_dir():
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def include_dir():
+    """deepnvme's C++ headers (DeepSpeed's header names, e.g.
+    ``deepspeed_pin_tensor.h``), installed with the package."""
+    return os.path.join(_package_dir(), "include")
+
+
+def library_dir():
+    """The folder holding deepnvme's shared objects (libdeepnvme_pin.so,
+    libdeepnvme_torch.so, _native): pass it as a library dir and an rpath."""
+    return _package_dir()
+
+
+def libraries():
+    """What a third-party torch extension links to use
+    ``deepspeed_pin_tensor_t::shared()``: the pinned manager's torch front
+    (which brings the core, _native, with it)."""
+    return ["deepnvme_pin"]

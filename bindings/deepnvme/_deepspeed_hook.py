@@ -10,6 +10,14 @@ ops installed in ``deepspeed.git_version_info`` so ``ds_report`` shows them.
 
 No DeepSpeed file is edited; ``DEEPNVME_DEEPSPEED_HOOK=0`` turns this off.
 Nothing here imports torch or DeepSpeed by itself.
+
+``DEEPNVME_OPS`` chooses the ops (``deepnvme.provided_ops()``; ``all`` by
+default): only those are patched and marked installed, the others keep
+DeepSpeed's behaviour (JIT-built C++). When some are DeepSpeed's, deepnvme's
+pin_memory is loaded through DeepSpeed's own route (pin_memory_load.py, an
+RTLD_GLOBAL dlopen) so that DeepSpeed's async_io/gds find the Rust manager
+through ``deepspeed_pin_tensor_mgr_holder``; ``ds_report`` gets a line
+naming the provider of each op.
 """
 
 import importlib.abc
@@ -19,7 +27,9 @@ import warnings
 
 _BUILDER_MODULES = ("deepspeed.ops.op_builder.builder", "op_builder.builder")
 _VERSION_INFO_MODULE = "deepspeed.git_version_info"
+_ENV_REPORT_MODULE = "deepspeed.env_report"
 _installed = False
+_selected = None
 
 
 def _ops():
@@ -27,10 +37,55 @@ def _ops():
     return deepnvme
 
 
+def _selected_ops():
+    """The ops deepnvme provides here (DEEPNVME_OPS; see
+    deepnvme.provided_ops). A bad value warns and keeps the default, all."""
+    global _selected
+    if _selected is None:
+        ops = _ops()
+        try:
+            _selected = ops.provided_ops()
+        except ValueError as error:
+            warnings.warn(f"deepnvme: {error}; using all")
+            _selected = ops.OPS
+    return _selected
+
+
+def _deepspeed_ops():
+    """The DeepNVMe ops left to DeepSpeed's own C++ here."""
+    return tuple(op for op in _ops().OPS if op not in _selected_ops())
+
+
+def _pin_memory_load_for_stock_ops(cls):
+    """With DeepSpeed's own async_io/gds in the process, deepnvme's
+    pin_memory is loaded DeepSpeed's way: its load() (pin_memory_load.py)
+    finds deepnvme's module in DeepSpeed's process-wide cache and dlopens it
+    RTLD_GLOBAL, which makes libdeepnvme_pin.so -- deepspeed_pin_tensor_t's
+    members and deepspeed_pin_tensor_mgr_holder -- global for the stock ops
+    JIT-built afterwards. Returns the load() to install (None: keep deepnvme's)."""
+    deepspeed_load = cls.__dict__.get("load")
+    if not _deepspeed_ops() or deepspeed_load is None:
+        return None
+
+    def load(self, verbose=False):
+        module = _ops().load_op("pin_memory")
+        cache = "_deepspeed_pin_memory_op_module"  # pin_memory_load._SYS_CACHE_ATTR
+        if getattr(sys, cache, None) is None:
+            setattr(sys, cache, module)
+        loaded = deepspeed_load(self, verbose=verbose)
+        if loaded is not module:
+            raise RuntimeError(f"deepnvme: DeepSpeed's pin_memory loader returned {loaded!r}, not {module.__name__}")
+        return module
+
+    load.__doc__ = "deepnvme: returns the Rust-backed pin_memory module, loaded RTLD_GLOBAL by DeepSpeed's loader."
+    return load
+
+
 def _patch_builder_class(cls):
     name = cls.__dict__.get("NAME")
-    if name not in ("async_io", "pin_memory", "gds"):
+    if name not in ("async_io", "pin_memory", "gds") or name not in _selected_ops():
         return
+    stock_route = _pin_memory_load_for_stock_ops(cls) if name == "pin_memory" else None
 
     def load(self, verbose=False):
         return _ops().load_op(name)
@@ -45,7 +100,7 @@ def _patch_builder_class(cls):
         return reason is None
 
     load.__doc__ = f"deepnvme: returns the Rust-backed {name} module."
-    cls.load = load
+    cls.load = stock_route or load
     cls.jit_load = jit_load
     cls.is_compatible = is_compatible
     cls._deepnvme_backed = True
@@ -76,8 +131,32 @@ def _patch_builder_module(module):
 def _patch_version_info(module):
     installed = getattr(module, "installed_ops", None)
     if isinstance(installed, dict):
-        for name in ("async_io", "pin_memory", "gds"):
+        for name in _selected_ops():
             installed[name] = True
+
+
+def _patch_env_report(module):
+    """ds_report: after DeepSpeed's op table, one line naming who provides
+    each DeepNVMe op (deepnvme's Rust core, or DeepSpeed's C++)."""
+    op_report = getattr(module, "op_report", None)
+    if op_report is None:
+        return
+
+    def report(*args, **kwargs):
+        result = op_report(*args, **kwargs)
+        print(provider_note())
+        return result
+
+    report.__wrapped__ = op_report
+    module.op_report = report
+
+
+def provider_note():
+    """The ds_report line: which DeepNVMe op comes from whom."""
+    ours = ", ".join(_selected_ops()) or "none"
+    theirs = ", ".join(_deepspeed_ops()) or "none"
+    setting = os.environ.get("DEEPNVME_OPS", "all")
+    return f"deepnvme (DEEPNVME_OPS={setting}): Rust core provides {ours}; DeepSpeed's C++ (JIT) provides {theirs}"
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -109,6 +188,8 @@ class _Finder(importlib.abc.MetaPathFinder):
             patch = _patch_builder_module
         elif fullname == _VERSION_INFO_MODULE:
             patch = _patch_version_info
+        elif fullname == _ENV_REPORT_MODULE:
+            patch = _patch_env_report
         else:
             return None
         for finder in sys.meta_path:

@@ -5,6 +5,11 @@
 // linked once into the shared object every DeepNVMe extension depends on, so
 // the manager is process-wide whatever order the extensions load in. This
 // class is a stateless torch front: it wraps Rust allocations in tensors.
+//
+// Defined in deepnvme's libdeepnvme_pin.so. Third-party C++ may include this
+// header (deepnvme.include_dir()) and link that library
+// (deepnvme.library_dir(), -ldeepnvme_pin, with an rpath) to share the
+// process's manager; see README "Migrating from DeepSpeed's C++".
 #pragma once
 
 #include <torch/types.h>
@@ -29,3 +34,9 @@ struct deepspeed_pin_tensor_t {
     // True when the tensor's whole byte extent lies inside one allocation.
     bool is_managed(const torch::Tensor& buffer);
 };
+
+// DeepSpeed's cross-extension seam, with DeepSpeed's meaning: a
+// process-lifetime heap std::shared_ptr<deepspeed_pin_tensor_t>* holding
+// shared(). DeepSpeed's own async_io and gds find it with
+// dlsym(RTLD_DEFAULT, "deepspeed_pin_tensor_mgr_holder").
+extern "C" void* deepspeed_pin_tensor_mgr_holder();

@@ -1,4 +1,16 @@
-// deepnvme-rs: deepspeed_pin_tensor_t, a torch front over the Rust manager.
+// deepnvme-rs: deepspeed_pin_tensor_t, a torch front over the Rust manager,
+// and the holder symbol through which DeepSpeed's own C++ finds it.
+//
+// This file and tensor_info.cc are their own shared object,
+// libdeepnvme_pin.so (bindings/setup.py), exporting only
+// deepspeed_pin_tensor_t's members, deepspeed_pin_tensor_mgr_holder and
+// deepnvme::describe_tensor. deepnvme.pin_memory links it alone, so when
+// DeepSpeed's pin_memory_load.py dlopens that module with RTLD_GLOBAL, glibc
+// puts the module and its dependencies (this object, _native, torch) in the
+// global scope -- and nothing else of deepnvme. The rest of the glue
+// (libdeepnvme_torch.so: deepspeed_io_handle_t, cpu_op_desc_t, ...) never
+// becomes global, so it can never interpose on the same-named classes that
+// DeepSpeed's stock async_io/gds define for themselves.
 
 #include "deepspeed_pin_tensor.h"
 
@@ -6,11 +18,42 @@
 
 std::shared_ptr<deepspeed_pin_tensor_t> deepspeed_pin_tensor_t::shared()
 {
-    // One per process: this object file is linked only into deepnvme's torch
-    // glue (libdeepnvme_torch.so), which every op links against. The state it
-    // fronts is Rust's, in the one core object (_native), also unique.
+    // One per process: this object file is linked only into
+    // libdeepnvme_pin.so, which every deepnvme op (and any third-party
+    // extension built against cpp/include) links against. The state it fronts
+    // is Rust's, in the one core object (_native), also unique.
     static auto manager = std::make_shared<deepspeed_pin_tensor_t>();
     return manager;
+}
+
+// DeepSpeed's seam (0.19.8): its stock async_io and gds do not contain the
+// manager; their deepspeed_pin_tensor_t::shared() looks this symbol up with
+// dlsym(RTLD_DEFAULT, ...) and copies the std::shared_ptr it points at. Same
+// meaning here: a process-lifetime heap std::shared_ptr<deepspeed_pin_tensor_t>*
+// (never deleted, so it outlives every extension's static destructors),
+// sharing shared()'s control block -- so whichever route a caller takes,
+// DeepSpeed's holder or deepnvme's shared(), it reaches the Rust manager.
+//
+// Layout: DeepSpeed's class declares data members (a std::map and a
+// std::mutex); ours is empty. That is sound because the stock C++ that
+// receives this pointer never touches the object's storage itself:
+//  * it never constructs or destroys one (it only copies the shared_ptr; the
+//    deleter lives in the control block make_shared built here, for our type);
+//  * every member it uses -- alloc, free, is_managed (and shared) -- is
+//    declared out of line in DeepSpeed's header, so its calls are external
+//    references resolved to the definitions below (exported from this object,
+//    made global by pin_memory_load.py's RTLD_GLOBAL load); no member
+//    function of DeepSpeed's is compiled into async_io/gds;
+//  * it never names the data members (only deepspeed_pin_tensor.cpp, which
+//    is in DeepSpeed's pin_memory, not built when deepnvme provides it).
+// So only our member functions ever see `this`, and they read no field of
+// it. The symbols match because cpp/include/deepspeed_pin_tensor.h declares
+// the same member signatures as DeepSpeed's header (same mangled names);
+// tests/python/test_mix_stock_aio.py checks both directions at run time.
+extern "C" __attribute__((visibility("default"))) void* deepspeed_pin_tensor_mgr_holder()
+{
+    static auto* holder = new std::shared_ptr<deepspeed_pin_tensor_t>(deepspeed_pin_tensor_t::shared());
+    return static_cast<void*>(holder);
 }
 
 torch::Tensor deepspeed_pin_tensor_t::alloc(const int64_t num_elem, const torch::TensorOptions& options)

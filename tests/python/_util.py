@@ -100,6 +100,7 @@ def run_python(code, timeout=120, env=None, cwd=None):
     """Runs `code` in a fresh interpreter of this venv; returns CompletedProcess."""
     full_env = dict(os.environ)
     full_env.pop("DEEPNVME_ENGINE", None)
+    full_env.pop("DEEPNVME_OPS", None)  # a child's mix is its caller's choice (default: all)
     if env:
         full_env.update(env)
     return subprocess.run(
@@ -116,6 +117,7 @@ def start_python(code, env=None, cwd=None):
     """Starts `code` in a fresh interpreter; returns the Popen (stdout/stderr piped)."""
     full_env = dict(os.environ)
     full_env.pop("DEEPNVME_ENGINE", None)
+    full_env.pop("DEEPNVME_OPS", None)  # a child's mix is its caller's choice (default: all)
     if env:
         full_env.update(env)
     return subprocess.Popen(

@@ -5,6 +5,12 @@ own loader (``AsyncIOBuilder().load()`` etc.), which deepnvme's .pth hook
 makes return the Rust-backed modules. Files live under pytest's tmp_path,
 which must be on a file system with O_DIRECT (ext4 here; see
 test_loader.py::test_tmp_path_supports_o_direct).
+
+The suite runs in any mix of providers (``DEEPNVME_OPS``, see
+deepnvme.provided_ops): a test of deepnvme's async_io (the ``aio`` fixture)
+skips, naming the mix, where async_io is DeepSpeed's own C++; the pinned
+manager's tests run in every mix. Tests that start their own interpreter
+choose their mix explicitly (_util.run_python clears DEEPNVME_OPS).
 """
 
 import os
@@ -17,10 +23,20 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def provided_ops():
+    """The ops deepnvme provides in this run (DEEPNVME_OPS)."""
+    import deepnvme
+
+    return deepnvme.provided_ops()
+
+
 def pytest_report_header(config):
     lines = []
     try:
         import deepnvme
+
+        lines.append(f"deepnvme provides: {', '.join(provided_ops()) or 'none'} "
+                     f"(DEEPNVME_OPS={os.environ.get('DEEPNVME_OPS', 'all')})")
 
         nat = deepnvme.native()
         lines.append(f"deepnvme engine: {nat.engine_name()}; memlock rlimit: {nat.memlock_rlimit()}")
@@ -32,8 +48,13 @@ def pytest_report_header(config):
 
 @pytest.fixture(scope="session")
 def aio():
-    """The async_io module, through DeepSpeed's loader."""
+    """The async_io module, through DeepSpeed's loader (deepnvme's: tests
+    using it skip in a mix where async_io is DeepSpeed's own C++)."""
     from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if "async_io" not in provided_ops():
+        pytest.skip(f"async_io is DeepSpeed's own C++ in this mix (DEEPNVME_OPS={os.environ.get('DEEPNVME_OPS')}); "
+                    "this checks deepnvme's")
 
     return AsyncIOBuilder().load()
 
@@ -83,8 +104,12 @@ def handle(new_handle):
 
 
 @pytest.fixture(scope="session")
-def alloc_handle(aio):
-    return aio.aio_handle(4096, 2, False, False, 1)
+def alloc_handle(request):
+    """What `locked` allocates through: an aio_handle where async_io is
+    deepnvme's, else a pin_handle (same manager, same two methods)."""
+    if "async_io" in provided_ops():
+        return request.getfixturevalue("aio").aio_handle(4096, 2, False, False, 1)
+    return request.getfixturevalue("pin_mod").pin_handle()
 
 
 @pytest.fixture

@@ -71,6 +71,12 @@ def test_libaio_is_not_needed(aio):
 
 
 def test_ds_report_lists_ops_installed_and_compatible():
+    """deepnvme's ops are installed and compatible; DeepSpeed's (in a mix,
+    DEEPNVME_OPS) are left as DeepSpeed reports them; a line names who
+    provides which."""
+    import deepnvme
+
+    provided = deepnvme.provided_ops()
     proc = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "ds_report")],
         capture_output=True, text=True, timeout=120,
@@ -80,7 +86,13 @@ def test_ds_report_lists_ops_installed_and_compatible():
     for op in ("async_io", "pin_memory"):
         m = re.search(rf"^{op} \.+ \[(\w+)\] \.+ \[(\w+)\]", out, re.M)
         assert m, f"ds_report does not list {op}:\n{out}"
-        assert m.groups() == ("YES", "OKAY"), f"{op}: {m.group(0)}"
+        if op in provided:
+            assert m.groups() == ("YES", "OKAY"), f"{op}: {m.group(0)}"
+        else:
+            assert m.group(1) == "NO", f"{op} is DeepSpeed's here, not installed: {m.group(0)}"
+    ours = ", ".join(provided) or "none"
+    theirs = ", ".join(op for op in deepnvme.OPS if op not in provided) or "none"
+    assert f"Rust core provides {ours}; DeepSpeed's C++ (JIT) provides {theirs}" in out, out
 
 
 def test_engine_psync_round_trip_in_subprocess(tmp_path):

@@ -1,8 +1,13 @@
 """The Rust core is a torch-free shared object; the torch glue is another.
 
     deepnvme/_native.cpython-*.so    Rust core + cxx bridge + pyo3 module: no torch
-    deepnvme/libdeepnvme_torch.so    cpp/src torch glue: links libtorch and _native
-    deepnvme/{async_io,pin_memory,gds}.cpython-*.so   link the glue
+    deepnvme/libdeepnvme_pin.so      the pinned manager's torch front (deepspeed_pin_tensor_t,
+                                     DeepSpeed's holder symbol): links libtorch and _native
+    deepnvme/libdeepnvme_torch.so    the rest of the cpp/src torch glue: links libtorch, _native
+                                     and libdeepnvme_pin.so
+    deepnvme/pin_memory.cpython-*.so links libdeepnvme_pin.so alone (what DeepSpeed's
+                                     RTLD_GLOBAL load makes global stays the pinned front)
+    deepnvme/{async_io,gds}.cpython-*.so   link the glue and libdeepnvme_pin.so
 
 These tests read the installed objects' dynamic sections (with `readelf -d`
 where binutils is installed, and always with a small ELF reader, _elf.py) so
@@ -30,6 +35,7 @@ PKG = os.path.dirname(os.path.abspath(deepnvme.__file__))
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 CORE = os.path.join(PKG, "_native" + EXT_SUFFIX)
 GLUE = os.path.join(PKG, "libdeepnvme_torch.so")
+PIN = os.path.join(PKG, "libdeepnvme_pin.so")
 OPS = {op: os.path.join(PKG, op + EXT_SUFFIX) for op in deepnvme.OPS}
 TORCH_LIB_DIR = os.path.join(os.path.dirname(torch.__file__), "lib")
 
@@ -42,6 +48,9 @@ TORCH_SYMBOL = re.compile(r"N3c10|N2at|N5torch|N8pybind11|THP|12io_op_desc_t|13c
 CORE_EXPORT = re.compile(r"^(PyInit__native|_Z(T[VIS])?NK?(4rust10cxxbridge1|8deepnvme3ffi).*)$")
 # What the glue may export: what DeepSpeed's binding files call.
 GLUE_EXPORT = re.compile(r"deepspeed_|12io_op_desc_t|13cpu_op_desc_t|warn_consumer_ssd_writes")
+# What the pinned front may export: deepspeed_pin_tensor_t's members,
+# DeepSpeed's holder symbol, and the tensor description the glue reuses.
+PIN_EXPORT = re.compile(r"^(_ZNK?22deepspeed_pin_tensor_t.*|deepspeed_pin_tensor_mgr_holder|_ZN8deepnvme15describe_tensor.*)$")
 
 READELF = shutil.which("readelf")
 
@@ -64,12 +73,12 @@ def needed(path):
 
 
 def test_objects_are_installed():
-    for path in [CORE, GLUE, *OPS.values()]:
+    for path in [CORE, PIN, GLUE, *OPS.values()]:
         assert os.path.isfile(path), f"{path} is missing; reinstall deepnvme (bindings/install.sh)"
     # The old single-object layout put the glue inside _native; nothing else
     # of deepnvme may hold a copy of the core.
     shared_objects = sorted(os.path.basename(p) for p in glob.glob(os.path.join(PKG, "*.so")))
-    assert shared_objects == sorted(os.path.basename(p) for p in [CORE, GLUE, *OPS.values()]), shared_objects
+    assert shared_objects == sorted(os.path.basename(p) for p in [CORE, PIN, GLUE, *OPS.values()]), shared_objects
 
 
 def test_core_needs_no_torch_library(record_property):
@@ -122,14 +131,44 @@ def test_glue_exports_only_what_the_bindings_call():
     defined = read_dynamic(GLUE).defined
     extra = sorted(s for s in defined if not GLUE_EXPORT.search(s))
     assert not extra, extra[:20]
-    for needed_symbol in ("_ZN22deepspeed_pin_tensor_t6sharedEv", "_Z24warn_consumer_ssd_writesv", "_ZTI12io_op_desc_t"):
+    for needed_symbol in ("_Z24warn_consumer_ssd_writesv", "_ZTI12io_op_desc_t"):
         assert needed_symbol in defined, needed_symbol
+    # The pinned front is the other library's: the glue only uses it.
+    assert not [s for s in defined if "deepspeed_pin_tensor" in s]
+    assert "libdeepnvme_pin.so" in needed(GLUE)
+
+
+def test_pin_front_links_torch_and_the_core_and_exports_only_the_manager():
+    pin_needed = needed(PIN)
+    assert "libc10.so" in pin_needed and os.path.basename(CORE) in pin_needed, pin_needed
+    assert "libdeepnvme_torch.so" not in pin_needed, pin_needed
+    dyn = read_dynamic(PIN)
+    assert dyn.soname == "libdeepnvme_pin.so"
+    assert "$ORIGIN" in dyn.runpath, dyn.runpath
+    extra = sorted(s for s in dyn.defined if not PIN_EXPORT.match(s))
+    assert not extra, extra[:20]
+    for symbol in (
+        "deepspeed_pin_tensor_mgr_holder",
+        "_ZN22deepspeed_pin_tensor_t6sharedEv",
+        "_ZN22deepspeed_pin_tensor_t5allocElRKN3c1010ScalarTypeE",
+        "_ZN22deepspeed_pin_tensor_t5allocElRKN3c1013TensorOptionsE",
+        "_ZN22deepspeed_pin_tensor_t4freeERN2at6TensorE",
+        "_ZN22deepspeed_pin_tensor_t4freeEPv",
+        "_ZN22deepspeed_pin_tensor_t10is_managedERKN2at6TensorE",
+    ):
+        assert symbol in dyn.defined, symbol
 
 
 @pytest.mark.parametrize("op", deepnvme.OPS)
 def test_ops_link_the_glue(op):
     op_needed = needed(OPS[op])
-    assert "libdeepnvme_torch.so" in op_needed, op_needed
+    assert "libdeepnvme_pin.so" in op_needed, op_needed
+    if op == "pin_memory":
+        # DeepSpeed's pin_memory_load.py may dlopen this one RTLD_GLOBAL: its
+        # dependencies become global too, so it must not pull in the glue.
+        assert "libdeepnvme_torch.so" not in op_needed, op_needed
+    else:
+        assert "libdeepnvme_torch.so" in op_needed, op_needed
     assert "$ORIGIN" in read_dynamic(OPS[op]).runpath
 
 
@@ -166,7 +205,9 @@ def test_ldd_resolves_the_ops(op):
     out = ldd(OPS[op], env)
     assert "not found" not in out, out
     libs = resolved(out)
-    assert os.path.realpath(libs["libdeepnvme_torch.so"]) == os.path.realpath(GLUE), out
+    assert os.path.realpath(libs["libdeepnvme_pin.so"]) == os.path.realpath(PIN), out
+    if op != "pin_memory":
+        assert os.path.realpath(libs["libdeepnvme_torch.so"]) == os.path.realpath(GLUE), out
     assert os.path.realpath(libs[os.path.basename(CORE)]) == os.path.realpath(CORE), out
 
 

@@ -1,0 +1,190 @@
+"""The second mix: deepnvme's pin_memory under DeepSpeed's own C++ async_io.
+
+With ``DEEPNVME_OPS=pin_memory`` DeepSpeed's builders JIT-build its stock
+async_io (libaio, its own deepspeed_pin_tensor_client.cpp) and load
+deepnvme's pin_memory through DeepSpeed's own route (pin_memory_load.py's
+RTLD_GLOBAL dlopen). The stock op then finds the Rust pinned manager through
+``deepspeed_pin_tensor_mgr_holder`` and calls deepnvme's
+``deepspeed_pin_tensor_t`` members: memory locked through either side is
+recognised and freed by the other, and is counted by the Rust core.
+
+Every case runs in a fresh interpreter with the mix set explicitly, so this
+file runs (and checks this mix) whatever mix the suite itself runs in. The
+stock op needs libaio-dev: it is installed where possible (apt-get, as root),
+otherwise the cases skip saying why. The JIT build is cached under
+target/torch-extensions (the first run takes minutes).
+"""
+
+import ctypes.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from _util import ANSI, run_python
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXT_DIR = os.path.join(ROOT, "target", "torch-extensions")
+BUILD_TIMEOUT = 1800
+
+
+def have_libaio_dev():
+    return ctypes.util.find_library("aio") is not None and os.path.exists("/usr/include/libaio.h")
+
+
+def ensure_libaio_dev():
+    """None when libaio-dev is there (installing it if we can), else why not."""
+    if have_libaio_dev():
+        return None
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "libaio-dev is not installed and cannot be installed here (needs root and apt-get)"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "install", "-y", "libaio-dev"], ["apt-get", "update"],
+                ["apt-get", "install", "-y", "libaio-dev"]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        if cmd[1] == "install" and proc.returncode == 0 and have_libaio_dev():
+            return None
+    return f"apt-get could not install libaio-dev: {proc.stderr.strip()[-500:]}"
+
+
+def mix_env(ops="pin_memory"):
+    venv_bin = os.path.dirname(sys.executable)
+    return {
+        "DEEPNVME_OPS": ops,
+        "TORCH_EXTENSIONS_DIR": EXT_DIR,
+        # DeepSpeed's JIT build needs ninja, which lives in the venv.
+        "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+    }
+
+
+@pytest.fixture(scope="module")
+def stock_aio_built():
+    """DeepSpeed's own async_io, JIT-built (or found built) for this mix."""
+    why = ensure_libaio_dev()
+    if why is not None:
+        pytest.skip(f"DeepSpeed's stock async_io needs libaio-dev: {why}")
+    code = r"""
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+    b = AsyncIOBuilder()
+    assert b.is_compatible(verbose=True), "DeepSpeed's async_io is not compatible here"
+    m = b.load(verbose=False)
+    print("BUILT", m.__name__, m.__file__)
+    """
+    proc = run_python(code, timeout=BUILD_TIMEOUT, env=mix_env())
+    assert proc.returncode == 0 and "BUILT" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+STOCK_ON_RUST_MANAGER = r"""
+import ctypes, os, sys
+import torch
+import deepnvme
+from deepspeed.ops.op_builder import AsyncIOBuilder, PinMemoryBuilder
+
+assert deepnvme.provided_ops() == ("pin_memory",), deepnvme.provided_ops()
+aio = AsyncIOBuilder().load()           # DeepSpeed's JIT module; loads pin_memory first
+pin = PinMemoryBuilder().load()
+native = deepnvme.native()
+assert pin.__name__ == "deepnvme.pin_memory", pin
+assert not aio.__name__.startswith("deepnvme"), aio
+assert aio.__file__.startswith(os.environ["TORCH_EXTENSIONS_DIR"]), aio.__file__
+# DeepSpeed's own route ran: its cache holds deepnvme's module, loaded RTLD_GLOBAL.
+assert sys._deepspeed_pin_memory_op_module is pin
+
+maps = open("/proc/self/maps").read()
+assert "libaio" in maps, "the stock async_io does not use libaio?"
+# Only the pinned front of deepnvme is loaded: the rest of the glue (whose
+# classes share names with the stock op's) never is, let alone globally.
+assert "libdeepnvme_pin.so" in maps and "libdeepnvme_torch.so" not in maps
+
+# The holder is global (dlsym(RTLD_DEFAULT)), and it is deepnvme's.
+glob = ctypes.CDLL(None)
+front = ctypes.CDLL(os.path.join(deepnvme.library_dir(), "libdeepnvme_pin.so"), mode=os.RTLD_NOLOAD)
+addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value
+assert addr(glob.deepspeed_pin_tensor_mgr_holder) == addr(front.deepspeed_pin_tensor_mgr_holder)
+for member in ("_ZN22deepspeed_pin_tensor_t5allocElRKN3c1010ScalarTypeE",
+               "_ZN22deepspeed_pin_tensor_t4freeERN2at6TensorE",
+               "_ZN22deepspeed_pin_tensor_t10is_managedERKN2at6TensorE"):
+    assert addr(getattr(glob, member)) == addr(getattr(front, member)), member
+# Neither the rest of deepnvme's glue nor the stock op's own classes are global.
+assert not hasattr(glob, "_Z24warn_consumer_ssd_writesv")
+
+h = aio.aio_handle(1 << 20, 8, False, False, 1)
+ph = pin.pin_handle()
+u8 = torch.empty(0, dtype=torch.uint8)
+base = native.pinned_stats()
+
+# Locked by the stock async_io -> a Rust region, recognised and freed by deepnvme.
+t = h.new_cpu_locked_tensor(3 * 4096, u8)
+assert native.pinned_stats()[0] == base[0] + 1, (native.pinned_stats(), base)
+assert ph.is_pinned(t) and ph.is_pinned(t.narrow(0, 100, 1000)) and h.is_pinned(t.narrow(0, 100, 1000))
+assert not h.is_pinned(torch.empty(4096, dtype=torch.uint8))
+assert ph.free_cpu_locked_tensor(t) is True
+assert native.pinned_stats() == base
+assert h.free_cpu_locked_tensor(t) is False
+
+# Locked by deepnvme -> recognised and freed by the stock async_io.
+t = ph.new_cpu_locked_tensor(2048, torch.empty(0, dtype=torch.float32))
+assert h.is_pinned(t) and h.is_pinned(t[5:77])
+assert h.free_cpu_locked_tensor(t) is True
+assert native.pinned_stats() == base
+
+# The stock op moves bytes through memory the Rust manager locked...
+path = os.path.join(sys.argv[1], "stock.bin")
+n = 1 << 20
+src = h.new_cpu_locked_tensor(n, u8)
+src.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8))
+assert h.sync_pwrite(src, path) == 1
+dst = ph.new_cpu_locked_tensor(n, u8)
+assert h.sync_pread(dst, path) == 1
+assert torch.equal(src, dst)
+assert h.free_cpu_locked_tensor(src) and ph.free_cpu_locked_tensor(dst)
+# ...and bounces an unpinned tensor through a buffer it borrows from it.
+plain = torch.empty(n, dtype=torch.uint8)
+assert h.sync_pread(plain, path) == 1
+assert torch.equal(plain, dst)
+assert native.pinned_stats() == base, (native.pinned_stats(), base)
+print("STOCK-ON-RUST-MANAGER-OK")
+"""
+
+
+def test_stock_async_io_runs_on_the_rust_manager(stock_aio_built, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", STOCK_ON_RUST_MANAGER, str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+        env={**{k: v for k, v in os.environ.items() if k not in ("DEEPNVME_OPS", "DEEPNVME_ENGINE")}, **mix_env()},
+    )
+    assert proc.returncode == 0 and "STOCK-ON-RUST-MANAGER-OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_ds_report_names_the_providers(stock_aio_built):
+    env = {**os.environ, **mix_env()}
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ds_report")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    out = ANSI.sub("", proc.stdout + proc.stderr)
+    assert proc.returncode == 0, out
+    rows = {op: re.search(rf"^{op} \.+ \[(\w+)\] \.+ \[(\w+)\]", out, re.M) for op in ("async_io", "pin_memory")}
+    assert rows["pin_memory"] and rows["pin_memory"].groups() == ("YES", "OKAY"), out
+    assert rows["async_io"] and rows["async_io"].groups() == ("NO", "OKAY"), out
+    assert ("deepnvme (DEEPNVME_OPS=pin_memory): Rust core provides pin_memory; "
+            "DeepSpeed's C++ (JIT) provides async_io, gds") in out, out
+
+
+def test_async_io_alone_implies_pin_memory():
+    code = r"""
+    import deepnvme
+    print("OPS", deepnvme.provided_ops())
+    print("OPS2", deepnvme.provided_ops("gds"))
+    try:
+        deepnvme.provided_ops("pin_memory,libaio")
+    except ValueError as e:
+        print("BAD", e)
+    """
+    proc = run_python(code, env={"DEEPNVME_OPS": "async_io"})
+    assert proc.returncode == 0, proc.stderr
+    assert "OPS ('async_io', 'pin_memory')" in proc.stdout, proc.stdout
+    assert "OPS2 ('pin_memory', 'gds')" in proc.stdout, proc.stdout
+    assert "BAD" in proc.stdout and "libaio" in proc.stdout, proc.stdout
