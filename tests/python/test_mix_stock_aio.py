@@ -11,8 +11,8 @@ recognised and freed by the other, and is counted by the Rust core.
 Every case runs in a fresh interpreter with the mix set explicitly, so this
 file runs (and checks this mix) whatever mix the suite itself runs in. The
 stock op needs libaio-dev: it is installed where possible (apt-get, as root),
-otherwise the cases skip saying why. The JIT build is cached under
-target/torch-extensions (the first run takes minutes).
+otherwise the cases skip saying why. The JIT build is cached in the venv
+(the first run takes minutes; later runs and fresh clones reuse it).
 """
 
 import ctypes.util
@@ -27,7 +27,9 @@ import pytest
 from _util import ANSI, run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EXT_DIR = os.path.join(ROOT, "target", "torch-extensions")
+# In the venv, not the checkout: the stock op's JIT build takes minutes, and
+# a fresh clone (CI) reuses the build that the venv's torch and deepspeed made.
+EXT_DIR = os.path.join(sys.prefix, "deepnvme-torch-extensions")
 BUILD_TIMEOUT = 1800
 
 
