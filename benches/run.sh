@@ -39,7 +39,9 @@ Usage: benches/run.sh [OPTIONS]
   -h, --help       this text
 
 Environment: DEEPNVME_VENV (default /root/.cache/deepnvme-venv-perf).
-Full run: about 12 minutes here; --quick: about 3 (after the setup).
+Full run: about 10-13 minutes after setup (an estimate: not yet timed on a quiet
+machine); --quick: 2-3 minutes. The first start JIT-builds the stock op
+(minutes; far longer on a busy machine), later runs reuse it.
 EOF
 }
 
