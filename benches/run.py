@@ -279,7 +279,7 @@ def main():
     ap.add_argument("--op-bytes", default=None, help="bytes per op/buffer [min(size, 128M)]")
     ap.add_argument("--dir", default=None, help="where the test file goes [./target/perf]")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "perf"), help="output folder [docs/perf]")
-    ap.add_argument("--pause", type=float, default=0.5, help="seconds to pause before each run [0.5]")
+    ap.add_argument("--pause", type=float, default=0.3, help="seconds to pause before each run [0.3]")
     ap.add_argument("--small-seconds", type=float, default=None, help="seconds per small-op run [3; --quick 1]")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--cli", default=os.path.join(ROOT, "target", "release", "deepnvme"))

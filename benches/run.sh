@@ -32,7 +32,7 @@ Usage: benches/run.sh [OPTIONS]
                    [256M; --quick 64M]
   --dir DIR        where the test file goes [target/perf]
   --out DIR        where the report goes [docs/perf]
-  --pause S        seconds of pause before every run [0.5]
+  --pause S        seconds of pause before every run [0.3]
   --small-seconds S  seconds per small-op run [3; --quick 1]
   --op-bytes SIZE  bytes per op and buffer [min(size, 128M)]
   --skip-setup     do not run apt-get, bindings/install.sh, pip or cargo
