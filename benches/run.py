@@ -258,9 +258,11 @@ def machine(dir_):
 
 def versions(python):
     code = ("import torch, deepspeed, importlib.metadata as m; "
-            "print(torch.__version__, deepspeed.__version__, m.version('deepnvme'))")
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, DEEPNVME_DEEPSPEED_HOOK="0")).stdout.split()
+            "print('VERSIONS', torch.__version__, deepspeed.__version__, m.version('deepnvme'))")
+    text = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, DEEPNVME_DEEPSPEED_HOOK="0")).stdout
+    # deepspeed may log to stdout on import: take our own line only.
+    out = next((ln.split()[1:] for ln in text.splitlines() if ln.startswith("VERSIONS ")), [])
     sha = sh(f"git -C {shlex.quote(ROOT)} rev-parse --short HEAD")
     dirty = sh(f"git -C {shlex.quote(ROOT)} status --porcelain -- src cpp bindings Cargo.toml crates")
     return {"torch": out[0] if out else "?", "deepspeed": out[1] if len(out) > 1 else "?",
@@ -277,13 +279,21 @@ def main():
     ap.add_argument("--op-bytes", default=None, help="bytes per op/buffer [min(size, 128M)]")
     ap.add_argument("--dir", default=None, help="where the test file goes [./target/perf]")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "perf"), help="output folder [docs/perf]")
-    ap.add_argument("--pause", type=float, default=0.5, help="seconds to pause before each run [0.5]")
+    ap.add_argument("--pause", type=float, default=0.3, help="seconds to pause before each run [0.3]")
     ap.add_argument("--small-seconds", type=float, default=None, help="seconds per small-op run [3; --quick 1]")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--cli", default=os.path.join(ROOT, "target", "release", "deepnvme"))
     ap.add_argument("--is-managed-bin", default=os.path.join(ROOT, "target", "release", "examples", "is_managed_bench"))
     ap.add_argument("--command", default=None, help="the command line to print in the report")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite OUT/README.md and the charts from OUT/results.json, run nothing")
     a = ap.parse_args()
+    if a.report_only:
+        with open(os.path.join(a.out, "results.json")) as f:
+            res = json.load(f)
+        charts(res, a.out)
+        write_report(res, a.out)
+        return
 
     quick = a.quick
     rounds = a.rounds or (2 if quick else 4)
@@ -309,7 +319,7 @@ def main():
     settle = Settle(a.pause)
     path = os.path.join(dir_, "perf-grid.dat")
 
-    log("run: starting the stock worker (the first start JIT-builds DeepSpeed's async_io: a minute or two) ...")
+    log("run: starting the stock worker (its first start JIT-builds DeepSpeed's async_io: minutes, far longer on a busy machine) ...")
     workers = {"stock": Worker("stock", a.python)}
     log(f"run: stock: {workers['stock'].hello}")
     workers["deepnvme"] = Worker("deepnvme", a.python)
@@ -501,7 +511,9 @@ def write_report(res, out):
     L.append(f"| file system | {mach['filesystem']} |")
     L.append(f"| load average | {m['load_before'][0]:.2f} at start, {m['load_after'][0]:.2f} at end (1 min) |")
     L.append(f"| software | {mach['fio']}, torch {v['torch']}, deepspeed {v['deepspeed']}, deepnvme {v['deepnvme']} |")
-    L.append(f"| stock op | `{m['stock_module']['module']}` (DEEPNVME_DEEPSPEED_HOOK=0, JIT-built from the installed deepspeed, libaio) |")
+    L.append(f"| stock op | `{m['stock_module']['module']}` (DEEPNVME_DEEPSPEED_HOOK=0, JIT-built from the installed deepspeed, "
+             f"libaio; `load()` took {m['stock_module']['load_seconds']:.0f} s, inside the duration above: "
+             "a first JIT build on a busy machine dominates it) |")
     L.append(f"| deepnvme op | `{m['deepnvme_module']['module']}` (AsyncIOBuilder().load() with the hook on) |")
     L.append(f"| sizes | {show_size(m['size'])} per throughput run (the whole file), {show_size(m['op_bytes'])} per op/buffer, "
              f"{m['small_seconds']:g} s per small-op run |")
@@ -604,7 +616,9 @@ def write_report(res, out):
     L.append("## Reproduce")
     L.append("")
     L.append("```sh")
-    L.append("benches/run.sh            # full run (about 12 minutes here); --quick checks the harness in ~3")
+    L.append("benches/run.sh            # full run: about 10-13 min after setup (estimate: 384 throughput runs,")
+    L.append("                          # 24 small-op runs, is_managed); the first stock JIT build adds minutes")
+    L.append("benches/run.sh --quick    # harness check: 24 + 6 runs, 2-3 min after setup")
     L.append("benches/run.sh --help     # --rounds N, --size, --dir, --quick")
     L.append("```")
     L.append("")

@@ -32,14 +32,16 @@ Usage: benches/run.sh [OPTIONS]
                    [256M; --quick 64M]
   --dir DIR        where the test file goes [target/perf]
   --out DIR        where the report goes [docs/perf]
-  --pause S        seconds of pause before every run [0.5]
+  --pause S        seconds of pause before every run [0.3]
   --small-seconds S  seconds per small-op run [3; --quick 1]
   --op-bytes SIZE  bytes per op and buffer [min(size, 128M)]
   --skip-setup     do not run apt-get, bindings/install.sh, pip or cargo
   -h, --help       this text
 
 Environment: DEEPNVME_VENV (default /root/.cache/deepnvme-venv-perf).
-Full run: about 12 minutes here; --quick: about 3 (after the setup).
+Full run: about 10-13 minutes after setup (an estimate: not yet timed on a quiet
+machine); --quick: 2-3 minutes. The first start JIT-builds the stock op
+(minutes; far longer on a busy machine), later runs reuse it.
 EOF
 }
 
