@@ -120,6 +120,16 @@ pub trait Staging: Send {
     fn current_extent(&self) -> Option<(usize, usize)> {
         None
     }
+    /// Whether the caller's memory is guaranteed to stay where it was given
+    /// until the op finishes. Only then may the engines copy a bounced read
+    /// into it block by block, before `wait()`. The default is `false`: a
+    /// front end that cannot promise it (a torch tensor's storage can be
+    /// swapped or resized mid-flight) gets its bytes copied at `wait()`,
+    /// after `current_extent` says the buffer has not moved, or through its
+    /// own `copy_from_bounce`.
+    fn memory_is_fixed(&self) -> bool {
+        false
+    }
 }
 
 /// Staging for contiguous host memory: plain memcpy.
@@ -147,6 +157,10 @@ impl Staging for MemcpyStaging {
         // SAFETY: as above.
         unsafe { std::ptr::copy_nonoverlapping(bounce.as_ptr(), self.desc.ptr, n) };
         Ok(())
+    }
+    /// `from_raw_parts`' contract: valid (and so unmoved) until the op finishes.
+    fn memory_is_fixed(&self) -> bool {
+        true
     }
 }
 

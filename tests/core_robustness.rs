@@ -58,3 +58,57 @@ fn a_direct_buffer_is_held_until_wait_finishes_the_op() {
     }
 }
 
+
+/// A front end's staging for host memory that it cannot promise stays put
+/// (the pyo3 front end's torch tensors): it neither says `memory_is_fixed`
+/// nor reports a `current_extent`. Counts the copies it is asked to make.
+struct MovableHost {
+    ptr: *mut u8,
+    len: usize,
+    copies_out: Arc<std::sync::atomic::AtomicUsize>,
+}
+// SAFETY: the test keeps the memory alive and unaliased until `wait()`.
+unsafe impl Send for MovableHost {}
+impl Staging for MovableHost {
+    fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> Result<()> {
+        bounce[..self.len].copy_from_slice(unsafe { std::slice::from_raw_parts(self.ptr, self.len) });
+        Ok(())
+    }
+    fn copy_from_bounce(&mut self, bounce: &[u8]) -> Result<()> {
+        self.copies_out.fetch_add(1, Ordering::SeqCst);
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }.copy_from_slice(&bounce[..self.len]);
+        Ok(())
+    }
+}
+
+/// The engines copy a bounced read into the caller's memory block by block
+/// only when the staging promises that memory cannot move. Otherwise the
+/// bytes reach it once, at wait(), through the staging (the heap corruption
+/// this guards against: a tensor whose storage was swapped got the rest of
+/// its read written into freed memory).
+#[test]
+fn a_bounced_read_into_memory_that_may_move_goes_through_its_staging_at_wait() {
+    let dir = TempDir::new("movable");
+    let len = (4 << 20) + 4094; // unaligned, divisible by the parallelism
+    let data = pattern(21, len);
+    let path = dir.file("m.bin");
+    write_file(&path, &data);
+    for engine in engines() {
+        let h = handle_with(engine, 64 << 10, 8, false, true, 2);
+        let mut dst = vec![0u8; len];
+        let copies_out = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let staging = MovableHost { ptr: dst.as_mut_ptr(), len, copies_out: copies_out.clone() };
+        let req = OpRequest {
+            direction: Direction::Read,
+            target: FileTarget::Path(&path),
+            file_offset: 0,
+            buffer: heap_desc(&mut dst),
+            staging: Some(Box::new(staging)),
+            validate: false,
+        };
+        assert_eq!(h.submit(req, true).unwrap(), 0);
+        assert_eq!(h.wait().unwrap(), 1);
+        assert_eq!(copies_out.load(Ordering::SeqCst), 1, "{engine:?}: the read did not go through the staging");
+        assert_bytes_eq(&dst, &data, "buffer after the read");
+    }
+}

@@ -74,7 +74,7 @@ enum IoMemory {
 /// How a bounced read reaches the caller's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CopyOut {
-    /// Contiguous host memory that cannot move (a Rust caller's): the
+    /// Contiguous host memory that cannot move (`Staging::memory_is_fixed`): the
     /// engines copy each block out as soon as it completes, overlapping the
     /// device's work on the next blocks (the plan's `bounce_copy`).
     Piecewise,
@@ -83,7 +83,9 @@ enum CopyOut {
     /// with several threads, in `wait()` once the buffer is known not to
     /// have moved.
     AtFinish,
-    /// Device or strided memory: the front end's `Staging` copies it.
+    /// Device or strided memory, or host memory whose front end can neither
+    /// promise it stays put nor say where it is: the front end's `Staging`
+    /// copies it, at wait().
     Staging,
 }
 
@@ -168,10 +170,18 @@ impl CpuOp {
                     staging.copy_to_bounce(dst)?;
                 }
             }
-            let copy_out = match (host, staging.current_extent()) {
-                (false, _) => CopyOut::Staging,
-                (true, None) => CopyOut::Piecewise,
-                (true, Some(_)) => CopyOut::AtFinish,
+            // Writing into the caller's memory before wait() is only sound
+            // when it cannot move; a movable buffer is written once, at
+            // wait(), after it is known not to have moved; anything else
+            // goes through the front end's own copy.
+            let copy_out = if !host {
+                CopyOut::Staging
+            } else if staging.memory_is_fixed() {
+                CopyOut::Piecewise
+            } else if staging.current_extent().is_some() {
+                CopyOut::AtFinish
+            } else {
+                CopyOut::Staging
             };
             IoMemory::Bounce { buffer: bounce, skew, staging, copy_out }
         };
