@@ -143,6 +143,18 @@ pub const VARIABLES: &[EnvVar] = &[
         meaning: "`0` turns off the import hook that makes DeepSpeed's op builders load deepnvme",
     },
     EnvVar {
+        name: "DEEPNVME_FRONTEND",
+        scope: Scope::Python,
+        default: "unset: the compiled modules while they match the running torch, else the pyo3 front end (said once on stderr)",
+        meaning: "`pyo3` or `compiled`: the front end DeepSpeed's op builders load (`deepnvme.frontend`, or DeepSpeed's own bindings compiled against the core)",
+    },
+    EnvVar {
+        name: "DEEPNVME_WHEEL_CHECK",
+        scope: Scope::Tests,
+        default: "`0`: `tests/run-all.sh` skips the wheel check",
+        meaning: "`1`: `tests/run-all.sh` also runs `tests/wheel-check.sh` (the abi3 wheel in a fresh compiler-less venv)",
+    },
+    EnvVar {
         name: "DEEPNVME_PREBUILT_CORE",
         scope: Scope::Build,
         default: "unset: cargo builds the core",

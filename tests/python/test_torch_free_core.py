@@ -43,6 +43,10 @@ CORE_EXPORT = re.compile(r"^(PyInit__native|_Z(T[VIS])?NK?(4rust10cxxbridge1|8de
 # What the glue may export: what DeepSpeed's binding files call.
 GLUE_EXPORT = re.compile(r"deepspeed_|12io_op_desc_t|13cpu_op_desc_t|warn_consumer_ssd_writes")
 
+# The compiled layout (core, glue, ops); the pyo3 front end's own torch-free
+# checks are in test_frontend.py.
+pytestmark = pytest.mark.compiled_only
+
 READELF = shutil.which("readelf")
 
 
@@ -206,7 +210,8 @@ assert not torchy, torchy
 assert any(p.endswith("/_native" + __import__("sysconfig").get_config_var("EXT_SUFFIX")) for p in mapped())
 print("TORCH-FREE-OK")
 """
-    proc = run_python(code)
+    # Default choice: without torch, the ops are the pyo3 front end's.
+    proc = run_python(code, env={"DEEPNVME_FRONTEND": ""})
     assert proc.returncode == 0 and "TORCH-FREE-OK" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -218,7 +223,8 @@ try:
 except ImportError as e:
     print("IMPORT-ERROR", e)
 """
-    proc = run_python(code)
+    # Forced: by default a process without torch gets the pyo3 front end.
+    proc = run_python(code, env={"DEEPNVME_FRONTEND": "compiled"})
     assert proc.returncode == 0 and "IMPORT-ERROR" in proc.stdout, proc.stdout + proc.stderr
 
 
