@@ -7,7 +7,7 @@ ops (async_io, pin_memory, gds) backed by the Rust core.
 would download a second torch just to compile against). Steps:
 
 1. cargo builds the Rust core, its cxx bridge and the pyo3 front end as one
-   static library (`cargo rustc --crate-type staticlib --features python`).
+   static library (`cargo rustc --crate-type staticlib --features python,ffi`).
 2. `deepnvme._native` is that library alone, linked by plain setuptools into
    ONE shared object: no torch in its NEEDED list, no torch header in its
    build. It is the only copy of the core in the process, so the
@@ -90,7 +90,7 @@ def cargo_build():
     cmd = [
         "cargo", "rustc", "--release", "--lib",
         "--manifest-path", str(ROOT / "Cargo.toml"),
-        "--features", "python",
+        "--features", "python,ffi",
         "--crate-type", "staticlib",
         "--message-format", "json-render-diagnostics",
     ]
@@ -155,7 +155,7 @@ def core_exports(staticlib):
         s for s in archive_symbols(staticlib) if CORE_CXX_SYMBOL.match(s) and not RUST_HASH.search(s)
     )
     if not any(s.startswith("_ZN8deepnvme3ffi") for s in symbols):
-        raise RuntimeError(f"deepnvme: {staticlib} holds no cxx bridge (deepnvme::ffi); was it built with --features python?")
+        raise RuntimeError(f"deepnvme: {staticlib} holds no cxx bridge (deepnvme::ffi); was it built with --features python,ffi?")
     return ["PyInit__native"] + symbols
 
 
@@ -331,6 +331,26 @@ class BuildPyWithHook(build_py):
         include.mkdir(parents=True, exist_ok=True)
         for header in sorted((ROOT / "cpp" / "include").glob("*.h")):
             (include / header.name).write_text(header.read_text())
+        write_build_info(Path(self.build_lib) / "deepnvme" / "_build_info.json")
+
+
+def write_build_info(path):
+    """Records the torch (version and pybind11 ABI) the compiled modules are
+    built against; at load, deepnvme compares it with the running torch and
+    gives DeepSpeed the pyo3 front end on a mismatch (deepnvme.choose_frontend)."""
+    import importlib.util
+
+    # This checkout's deepnvme/__init__.py, not an installed deepnvme (which
+    # the .pth of an earlier install has already imported).
+    spec = importlib.util.spec_from_file_location("_deepnvme_being_built", HERE / "deepnvme" / "__init__.py")
+    source = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(source)
+    info = source.torch_abi()
+    if info is None:
+        raise RuntimeError("deepnvme: the compiled modules need torch at build time")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+    log(f"deepnvme: built for {info}")
 
 
 def main():

@@ -160,6 +160,18 @@ pub const VARIABLES: &[EnvVar] = &[
         meaning: "the ops deepnvme takes over from DeepSpeed's builders: `all`, `none`, or a comma-separated list of `pin_memory`, `async_io`, `gds` (`async_io` or `gds` imply `pin_memory`); the others stay DeepSpeed's JIT-built C++, on deepnvme's pinned manager",
     },
     EnvVar {
+        name: "DEEPNVME_FRONTEND",
+        scope: Scope::Python,
+        default: "unset: the compiled modules while they match the running torch, else the pyo3 front end (said once on stderr)",
+        meaning: "`pyo3` or `compiled`: the front end DeepSpeed's op builders load (`deepnvme.frontend`, or DeepSpeed's own bindings compiled against the core)",
+    },
+    EnvVar {
+        name: "DEEPNVME_WHEEL_CHECK",
+        scope: Scope::Tests,
+        default: "`1`: `tests/run-all.sh` runs `tests/wheel-check.sh`",
+        meaning: "`0` skips the wheel check (the abi3 wheel built by maturin, installed into a fresh compiler-less venv, the suite run there)",
+    },
+    EnvVar {
         name: "DEEPNVME_PREBUILT_CORE",
         scope: Scope::Build,
         default: "unset: cargo builds the core",

@@ -33,10 +33,23 @@ fi
 say "setting up the Python environment"
 "$ROOT/bindings/install.sh"
 
-say "pytest tests/python (through DeepSpeed's loader)"
+# The suite once per front end: DeepSpeed's builders return the compiled
+# modules, then (DEEPNVME_FRONTEND=pyo3) the pyo3 front end deepnvme.frontend.
 # Test files go under target/ so they sit on the checkout's disk file system
 # (O_DIRECT is the point), whatever /tmp is.
-"$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider --basetemp="$ROOT/target/pytest-tmp"
+for frontend in compiled pyo3; do
+    say "pytest tests/python with the $frontend front end (through DeepSpeed's loader)"
+    DEEPNVME_FRONTEND=$frontend "$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider \
+        --basetemp="$ROOT/target/pytest-tmp-$frontend"
+done
+
+# The prebuilt abi3 wheel in a fresh, compiler-less venv, where DeepSpeed
+# must pick the pyo3 front end by itself (slow on a cold cache: it installs
+# torch into a venv of its own). DEEPNVME_WHEEL_CHECK=0 skips it.
+if [ "${DEEPNVME_WHEEL_CHECK:-1}" = 1 ]; then
+    say "the prebuilt wheel (tests/wheel-check.sh)"
+    "$ROOT/tests/wheel-check.sh"
+fi
 
 if [ -n "${DEEPSPEED_TESTS_DIR:-}" ]; then
     say "DeepSpeed's own tests from $DEEPSPEED_TESTS_DIR"

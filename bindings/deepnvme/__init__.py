@@ -22,6 +22,11 @@ which then runs on deepnvme's pinned manager): see ``provided_ops()``.
 Third-party C++ can share the manager through ``include_dir()`` and
 ``library_dir()`` (link ``libraries()``).
 
+``deepnvme.frontend`` is the pyo3 front end: the same API from ``_native``
+alone (no compiled torch extension; any torch, numpy arrays, buffers). The
+only front end of a wheel-only install, and DeepSpeed's choice when the
+compiled modules do not match the running torch (see ``choose_frontend``).
+
 This module imports nothing heavy at import time: a .pth file imports it at
 interpreter start to hook DeepSpeed's op builders (see _deepspeed_hook).
 """
@@ -31,7 +36,7 @@ import importlib.util
 import os
 
 __all__ = [
-    "OPS", "load_op", "op_unavailable_reason", "native", "stats",
+    "OPS", "FRONTEND_ENV", "choose_frontend", "load_op", "op_unavailable_reason", "native", "stats",
     "provided_ops", "include_dir", "library_dir", "libraries",
 ]
 __version__ = "0.1.0"
@@ -56,19 +61,46 @@ def stats():
 
 
 def load_op(name):
-    """The DeepNVMe op module `name` ('async_io', 'pin_memory' or 'gds')."""
+    """The DeepNVMe op module `name` ('async_io', 'pin_memory' or 'gds') of
+    the front end `choose_frontend()` picks: the compiled module
+    deepnvme.<name>, or deepnvme.frontend (which has all three ops' API)."""
     if name not in OPS:
         raise ValueError(f"deepnvme has no op {name!r}; it provides {', '.join(OPS)}")
+    frontend, _ = choose_frontend()
+    if frontend == "pyo3":
+        return importlib.import_module("deepnvme.frontend")
+    return _load_compiled(name)
+
+
+def _load_compiled(name):
     import torch  # noqa: F401  (the ops' torch glue links libtorch; torch loads it first)
     return importlib.import_module(f"deepnvme.{name}")
 
 
+def load_pin_memory_for_stock_ops():
+    """The compiled pin_memory module, whatever the front end: DeepSpeed's
+    own JIT-built async_io and gds (DEEPNVME_OPS leaving them to DeepSpeed)
+    link deepspeed_pin_tensor_t's C++ symbols from it, and the pyo3 front
+    end has none to give."""
+    try:
+        return _load_compiled("pin_memory")
+    except Exception as error:
+        stock = ", ".join(op for op in OPS if op not in provided_ops())
+        raise RuntimeError(
+            f"deepnvme: {OPS_ENV} leaves {stock} to DeepSpeed's C++, which needs deepnvme's compiled pin_memory "
+            f"module, and it failed to load ({error}); install the compiled modules (bindings/install.sh) "
+            f"or unset {OPS_ENV}") from error
+
+
 def op_unavailable_reason(name):
-    """None when op `name` can be used here, else a sentence saying why not."""
+    """None when op `name` can be used here, else a sentence saying why not.
+    It imports what load_op(name) would return."""
     if name not in OPS:
         return f"deepnvme has no op {name!r}"
-    if importlib.util.find_spec(f"deepnvme.{name}") is None:
-        return f"deepnvme.{name} was not built (reinstall deepnvme)"
+    try:
+        load_op(name)
+    except Exception as error:
+        return f"deepnvme.{name} failed to load: {error}"
     if name == "gds":
         try:
             return native().gds_unavailable_reason()
@@ -128,3 +160,119 @@ def libraries():
     ``deepspeed_pin_tensor_t::shared()``: the pinned manager's torch front
     (which brings the core, _native, with it)."""
     return ["deepnvme_pin"]
+
+
+# ---------------------------------------------------------------------------
+# Which front end DeepSpeed gets.
+# ---------------------------------------------------------------------------
+
+FRONTEND_ENV = "DEEPNVME_FRONTEND"
+FRONTENDS = ("compiled", "pyo3")
+_BUILD_INFO = "_build_info.json"
+_choice = None
+
+
+def build_info():
+    """What the compiled modules were built against (torch version and
+    pybind11 ABI), written by bindings/setup.py; None without them."""
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _BUILD_INFO)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def torch_abi():
+    """The running torch's version, C++ ABI and pybind11 ABI tag, as
+    build_info() records them; None without torch. The pybind11 tag (the
+    internals version and pybind11's version) is read from the headers torch
+    ships, which are what the compiled modules were compiled against; torch
+    does not report it at run time."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return {
+        "torch": torch.__version__,
+        "cxx11_abi": bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)),
+        "pybind11": _pybind11_tag(torch),
+    }
+
+
+def _pybind11_tag(torch):
+    """'internals v<N>, pybind11 <x.y.z>' from torch's bundled pybind11
+    headers, or None where torch ships none."""
+    import os
+    import re
+
+    include = os.path.join(os.path.dirname(torch.__file__), "include", "pybind11")
+
+    def define(path, name):
+        try:
+            with open(os.path.join(include, path)) as f:
+                m = re.search(rf"#\s*define\s+{name}\s+(\d+)", f.read())
+        except OSError:
+            return None
+        return m.group(1) if m else None
+
+    internals = define(os.path.join("detail", "internals.h"), "PYBIND11_INTERNALS_VERSION")
+    version = [define(os.path.join("detail", "common.h"), f"PYBIND11_VERSION_{p}") for p in ("MAJOR", "MINOR", "PATCH")]
+    if internals is None or None in version:
+        return None
+    return f"internals v{internals}, pybind11 {'.'.join(version)}"
+
+
+def _compiled_mismatch():
+    """None when the compiled modules can be loaded here, else why not."""
+    if any(importlib.util.find_spec(f"deepnvme.{op}") is None for op in OPS):
+        return "the compiled modules are not installed (a wheel-only install)"
+    built = build_info()
+    if built is None:
+        return f"the compiled modules' build record ({_BUILD_INFO}) is missing"
+    running = torch_abi()
+    if running is None:
+        return "torch is not importable, and the compiled modules need it"
+    for key, value in built.items():
+        if key in running and running[key] != value:
+            what = "torch" if key == "torch" else f"torch's {key.replace('_', ' ')}"
+            return f"they were built for {what} {value} and this is {running[key]}"
+    return None
+
+
+def choose_frontend():
+    """(front end, reason): 'compiled' (DeepSpeed's bindings compiled against
+    the core) or 'pyo3' (deepnvme.frontend). DEEPNVME_FRONTEND forces one;
+    by default the compiled modules while they match the running torch,
+    else the pyo3 front end, said in one line on stderr. Decided once."""
+    global _choice
+    if _choice is not None:
+        return _choice
+    import os
+    import sys
+
+    forced = os.environ.get(FRONTEND_ENV, "").strip().lower()
+    if forced and forced not in FRONTENDS:
+        print(f"deepnvme: ignoring {FRONTEND_ENV}={forced!r} (expected one of {', '.join(FRONTENDS)})",
+              file=sys.stderr, flush=True)
+        forced = ""
+    if forced:
+        _choice = (forced, f"{FRONTEND_ENV}={forced}")
+        return _choice
+    why = _compiled_mismatch()
+    if why is None:
+        try:
+            for op in OPS:
+                _load_compiled(op)
+        except Exception as error:  # e.g. an undefined symbol from another torch
+            why = f"importing them failed: {error}"
+    if why is None:
+        _choice = ("compiled", "the compiled modules match the running torch")
+    else:
+        _choice = ("pyo3", why)
+        print(f"deepnvme: DeepSpeed gets the pyo3 front end (deepnvme.frontend), not the compiled modules: {why}",
+              file=sys.stderr, flush=True)
+    return _choice

@@ -68,7 +68,7 @@ def _pin_memory_load_for_stock_ops(cls):
         return None
 
     def load(self, verbose=False):
-        module = _ops().load_op("pin_memory")
+        module = _ops().load_pin_memory_for_stock_ops()
         cache = "_deepspeed_pin_memory_op_module"  # pin_memory_load._SYS_CACHE_ATTR
         if getattr(sys, cache, None) is None:
             setattr(sys, cache, module)

@@ -13,13 +13,19 @@ object is recognised by its interface.
 ``describe(obj, into)`` returns one tuple the Rust side unpacks::
 
     (ptr, nbytes, element_size, dim0, device, device_index,
-     contiguous, pinned, has_storage, hold, copier)
+     contiguous, pinned, has_storage, hold, copier, extent)
 
 ``hold`` is what the op keeps until ``wait()`` finishes it (the object, or
 the ctypes view that holds its buffer export, so a bytearray cannot be
 resized and an mmap cannot be closed under the I/O). ``copier`` is None for
 contiguous host memory (the core copies with memcpy) and otherwise an object
-with ``to_bounce(addr, n)`` and ``from_bounce(addr, n)``.
+with ``to_bounce(addr, n)`` and ``from_bounce(addr, n)``. ``extent`` is None
+for memory that cannot move while ``hold`` lives (a held buffer export, a
+numpy array), and for a torch tensor a callable answering where its bytes
+are now, ``(ptr, nbytes)``: a tensor's storage can be swapped or resized
+while its op is in flight (``set_``, ``resize_``, ``.data =``), so the core
+copies a bounced read into it only at ``wait()``, after checking it has not
+moved (the compiled modules' glue does the same).
 """
 
 import ctypes
@@ -88,6 +94,30 @@ class _ArrayCopier:
             numpy.copyto(self.array, self._bounce(addr, n))
 
 
+def _tensor_address(t):
+    """(ptr, nbytes) of a tensor's bytes as they are now."""
+    # From the storage rather than data_ptr(): torch answers 0 for an empty
+    # tensor, which still points into its storage.
+    base = t.untyped_storage().data_ptr()
+    ptr = base + t.storage_offset() * t.element_size() if base else 0
+    return ptr, t.numel() * t.element_size()
+
+
+class _TensorExtent:
+    """Where a tensor's bytes are now (the core's Staging::current_extent)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __call__(self):
+        try:
+            return _tensor_address(self.tensor)
+        except (RuntimeError, NotImplementedError):  # the storage went away
+            return 0, 0
+
+
 def _describe_tensor(t):
     device = t.device
     kind = device.type
@@ -95,12 +125,13 @@ def _describe_tensor(t):
     has_storage = kind != "meta"
     nbytes = t.numel() * t.element_size()
     ptr = 0
+    hold = t
     if has_storage:
         try:
-            # From the storage rather than data_ptr(): torch answers 0 for an
-            # empty tensor, which still points into its storage.
-            base = t.untyped_storage().data_ptr()
-            ptr = base + t.storage_offset() * t.element_size() if base else 0
+            ptr, nbytes = _tensor_address(t)
+            # The storage too: if the tensor is given another storage
+            # mid-flight, the memory the op was given stays allocated.
+            hold = (t, t.untyped_storage())
         except (RuntimeError, NotImplementedError):  # fake and other storage-less tensors
             has_storage = False
     contiguous = bool(t.is_contiguous())
@@ -108,7 +139,8 @@ def _describe_tensor(t):
     dim0 = t.size(0) if t.dim() > 0 else 0
     host_direct = kind == "cpu" and contiguous
     copier = None if host_direct or not has_storage else _TensorCopier(t)
-    return (ptr, nbytes, t.element_size(), dim0, kind, index, contiguous, pinned, has_storage, t, copier)
+    extent = _TensorExtent(t) if host_direct and has_storage else None
+    return (ptr, nbytes, t.element_size(), dim0, kind, index, contiguous, pinned, has_storage, hold, copier, extent)
 
 
 def _c_strides(shape, itemsize):
@@ -138,7 +170,7 @@ def _describe_array(obj, ai, into, what):
     contiguous = strides is None or count == 0 or tuple(strides) == _c_strides(shape, itemsize)
     dim0 = shape[0] if shape else 0
     copier = None if contiguous else _ArrayCopier(obj)
-    return (ptr or 0, count * itemsize, itemsize, dim0, "cpu", -1, contiguous, False, True, obj, copier)
+    return (ptr or 0, count * itemsize, itemsize, dim0, "cpu", -1, contiguous, False, True, obj, copier, None)
 
 
 def _describe_buffer(obj, into, what):
@@ -167,7 +199,7 @@ def _describe_buffer(obj, into, what):
         # Holds the buffer export until the op lets go of it: the object
         # cannot be resized, closed or freed under the I/O.
         hold = (ctypes.c_char * nbytes).from_buffer(flat)
-    return (ctypes.addressof(hold), nbytes, itemsize, dim0, "cpu", -1, True, False, True, hold, None)
+    return (ctypes.addressof(hold), nbytes, itemsize, dim0, "cpu", -1, True, False, True, hold, None, None)
 
 
 def describe(obj, into, what="buffer"):

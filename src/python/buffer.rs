@@ -44,6 +44,10 @@ pub(crate) struct Described {
 pub(crate) struct PyStaging {
     _hold: Py<PyAny>,
     copier: Option<Py<PyAny>>,
+    /// For a torch tensor, a callable answering `(ptr, nbytes)` of its bytes
+    /// now (its storage may be swapped mid-flight); None for memory that
+    /// cannot move while `_hold` lives (a held buffer export, a numpy array).
+    extent: Option<Py<PyAny>>,
     desc: BufferDesc,
 }
 
@@ -69,6 +73,19 @@ impl PyStaging {
 }
 
 impl Staging for PyStaging {
+    fn memory_is_fixed(&self) -> bool {
+        self.extent.is_none() && self.copier.is_none()
+    }
+
+    fn current_extent(&self) -> Option<(usize, usize)> {
+        let extent = self.extent.as_ref()?;
+        // Asked with the GIL (the op's wait() released it). If the question
+        // cannot be answered, say the buffer moved: the op then fails
+        // instead of copying into memory it cannot vouch for.
+        let now = Python::try_attach(|py| extent.bind(py).call0().and_then(|r| r.extract::<(usize, usize)>()).ok());
+        Some(now.flatten().unwrap_or((0, 0)))
+    }
+
     fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> Result<()> {
         let n = bounce.len().min(self.desc.len());
         match &self.copier {
@@ -102,7 +119,7 @@ impl Staging for PyStaging {
 pub(crate) fn describe(py: Python<'_>, obj: &Bound<'_, PyAny>, into: bool, what: &str) -> PyResult<Described> {
     let answer = objects(py)?.call_method1("describe", (obj, into, what))?;
     #[allow(clippy::type_complexity)]
-    let (ptr, nbytes, element_size, dim0, device, index, contiguous, pinned, has_storage, hold, copier): (
+    let (ptr, nbytes, element_size, dim0, device, index, contiguous, pinned, has_storage, hold, copier, extent): (
         usize,
         usize,
         usize,
@@ -113,6 +130,7 @@ pub(crate) fn describe(py: Python<'_>, obj: &Bound<'_, PyAny>, into: bool, what:
         bool,
         bool,
         Py<PyAny>,
+        Option<Py<PyAny>>,
         Option<Py<PyAny>>,
     ) = answer.extract()?;
     let location = match device.as_str() {
@@ -129,7 +147,7 @@ pub(crate) fn describe(py: Python<'_>, obj: &Bound<'_, PyAny>, into: bool, what:
         .contiguous(contiguous)
         .pinned(location == Location::Host && pinned);
     let tensor = TensorDesc { buffer: desc, has_storage, element_size, dim0 };
-    Ok(Described { tensor, staging: PyStaging { _hold: hold, copier, desc } })
+    Ok(Described { tensor, staging: PyStaging { _hold: hold, copier, extent, desc } })
 }
 
 /// A file name as DeepSpeed's bindings take it (`const char*`: str or bytes).

@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${1:?usage: $0 OUT_DIR}
 cd "$ROOT"
-JSON=$(cargo rustc --release --lib --features python --crate-type staticlib --message-format json-render-diagnostics)
+JSON=$(cargo rustc --release --lib --features python,ffi --crate-type staticlib --message-format json-render-diagnostics)
 LIB=$(printf '%s\n' "$JSON" | python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)

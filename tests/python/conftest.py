@@ -2,7 +2,11 @@
 
 Every test reaches the ops the way DeepSpeed users do, through DeepSpeed's
 own loader (``AsyncIOBuilder().load()`` etc.), which deepnvme's .pth hook
-makes return the Rust-backed modules. Files live under pytest's tmp_path,
+makes return the Rust-backed modules: the compiled ones or the pyo3 front
+end (``deepnvme.frontend``), as ``DEEPNVME_FRONTEND`` (or, unset, the match
+between the compiled modules and this torch) decides. tests/run-all.sh runs
+the suite once per front end; tests marked ``compiled_only`` (about the
+compiled extensions themselves) skip under the pyo3 front end. Files live under pytest's tmp_path,
 which must be on a file system with O_DIRECT (ext4 here; see
 test_loader.py::test_tmp_path_supports_o_direct).
 
@@ -30,6 +34,31 @@ def provided_ops():
     return deepnvme.provided_ops()
 
 
+def frontend():
+    """'compiled' or 'pyo3': what DeepSpeed's builders return in this run."""
+    import deepnvme
+
+    return deepnvme.choose_frontend()[0]
+
+
+def module_name(op):
+    """The module name AsyncIOBuilder etc. return for `op` in this run."""
+    return "deepnvme.frontend" if frontend() == "pyo3" else f"deepnvme.{op}"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "compiled_only: about the compiled extensions; skipped under the pyo3 front end")
+
+
+def pytest_collection_modifyitems(config, items):
+    if frontend() != "pyo3":
+        return
+    skip = pytest.mark.skip(reason="about the compiled extensions (load order, ELF, pybind11); this run uses the pyo3 front end")
+    for item in items:
+        if item.get_closest_marker("compiled_only"):
+            item.add_marker(skip)
+
+
 def pytest_report_header(config):
     lines = []
     try:
@@ -40,6 +69,7 @@ def pytest_report_header(config):
 
         nat = deepnvme.native()
         lines.append(f"deepnvme engine: {nat.engine_name()}; memlock rlimit: {nat.memlock_rlimit()}")
+        lines.append("deepnvme front end: %s (%s)" % deepnvme.choose_frontend())
     except Exception as error:  # the tests themselves report it properly
         lines.append(f"deepnvme core failed to load: {error!r}")
     lines.append(f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}")

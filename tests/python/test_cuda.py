@@ -10,6 +10,8 @@ a GPU machine, where torch.cuda.is_available() is True:
 import os
 
 import pytest
+
+from conftest import module_name
 import torch
 
 from _util import PAGE, fill, pattern, peer_progress_during, tbytes
@@ -111,7 +113,7 @@ def test_gds_handle_device_buffers_round_trip(data_dir):
         pytest.skip(f"GPUDirect Storage is unavailable here: {reason}")
     assert GDSBuilder().is_compatible()
     gds = GDSBuilder().load()
-    assert gds.__name__ == "deepnvme.gds"
+    assert gds.__name__ == module_name("gds")
     h = gds.gds_handle(1 << 20, 32, False, False, 1)
     n = 1 << 20
     data = pattern(n, 4)

@@ -18,6 +18,8 @@ import pytest
 
 from _util import run_python
 
+pytestmark = pytest.mark.compiled_only
+
 CODE = r"""
 import os, sys
 sys.setdlopenflags(os.RTLD_NOW | os.RTLD_LOCAL)   # nothing may rely on RTLD_GLOBAL

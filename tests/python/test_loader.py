@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from _util import ANSI, o_direct_supported, run_python
+from conftest import module_name
 
 
 def test_tmp_path_supports_o_direct(tmp_path):
@@ -27,7 +28,7 @@ def test_tmp_path_supports_o_direct(tmp_path):
 def test_async_io_builder_returns_deepnvme_module(aio):
     from deepspeed.ops.op_builder import AsyncIOBuilder
 
-    assert aio.__name__ == "deepnvme.async_io"
+    assert aio.__name__ == module_name("async_io")
     assert AsyncIOBuilder().load() is aio
     assert AsyncIOBuilder().is_compatible() is True
     for name in ("aio_handle", "aio_read", "aio_write", "deepspeed_memcpy"):
@@ -44,7 +45,7 @@ def test_async_io_builder_returns_deepnvme_module(aio):
 def test_pin_memory_builder_returns_deepnvme_module(pin_mod):
     from deepspeed.ops.op_builder import PinMemoryBuilder
 
-    assert pin_mod.__name__ == "deepnvme.pin_memory"
+    assert pin_mod.__name__ == module_name("pin_memory")
     assert PinMemoryBuilder().load() is pin_mod
     assert PinMemoryBuilder().is_compatible() is True
     for method in ("new_cpu_locked_tensor", "free_cpu_locked_tensor", "free_cpu_locked_tensor_by_ptr", "is_pinned"):
@@ -134,7 +135,7 @@ def test_gds_builder_load_imports_deepnvme_gds():
     from deepspeed.ops.op_builder.gds import GDSBuilder
 
     gds = GDSBuilder().load()
-    assert gds.__name__ == "deepnvme.gds"
+    assert gds.__name__ == module_name("gds")
     assert hasattr(gds, "gds_handle")
 
 

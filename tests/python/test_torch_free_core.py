@@ -52,6 +52,10 @@ GLUE_EXPORT = re.compile(r"deepspeed_|12io_op_desc_t|13cpu_op_desc_t|warn_consum
 # DeepSpeed's holder symbol, and the tensor description the glue reuses.
 PIN_EXPORT = re.compile(r"^(_ZNK?22deepspeed_pin_tensor_t.*|deepspeed_pin_tensor_mgr_holder|_ZN8deepnvme15describe_tensor.*)$")
 
+# The compiled layout (core, glue, ops); the pyo3 front end's own torch-free
+# checks are in test_frontend.py.
+pytestmark = pytest.mark.compiled_only
+
 READELF = shutil.which("readelf")
 
 
@@ -251,7 +255,8 @@ assert not torchy, torchy
 assert any(p.endswith("/_native" + __import__("sysconfig").get_config_var("EXT_SUFFIX")) for p in mapped())
 print("TORCH-FREE-OK")
 """
-    proc = run_python(code)
+    # Default choice: without torch, the ops are the pyo3 front end's.
+    proc = run_python(code, env={"DEEPNVME_FRONTEND": ""})
     assert proc.returncode == 0 and "TORCH-FREE-OK" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -263,7 +268,8 @@ try:
 except ImportError as e:
     print("IMPORT-ERROR", e)
 """
-    proc = run_python(code)
+    # Forced: by default a process without torch gets the pyo3 front end.
+    proc = run_python(code, env={"DEEPNVME_FRONTEND": "compiled"})
     assert proc.returncode == 0 and "IMPORT-ERROR" in proc.stdout, proc.stdout + proc.stderr
 
 
