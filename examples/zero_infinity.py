@@ -50,6 +50,12 @@ def parse_args(argv=None):
     m.add_argument("--lr", type=float, default=1e-3)
     m.add_argument("--seed", type=int, default=1234)
     m.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="training dtype [fp32]")
+    m.add_argument("--optimizer", choices=("ds-cpu-adam", "torch-adam"), default="ds-cpu-adam",
+                   help="DeepSpeed's CPU Adam (JIT-built with ninja on first use) or torch.optim.Adam "
+                   "(no build; \"zero_force_ds_cpu_optimizer\": false) [ds-cpu-adam]")
+    m.add_argument("--shm-comm", action="store_true",
+                   help="let DeepSpeed JIT-build its shared-memory allreduce op (unused by one process; "
+                   "skipped by default)")
     o = p.add_argument_group("offload")
     o.add_argument("--offload", choices=("nvme", "cpu"), default="nvme",
                    help="where parameters and optimizer state live [nvme]; cpu is the floor")
@@ -115,7 +121,8 @@ def prepare_environment(args):
         os.environ.setdefault("DS_PIN_MEMORY_BACKEND", "native")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")):
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"), ("LOCAL_SIZE", "1"),
+                 ("CROSS_RANK", "0"), ("CROSS_SIZE", "1")):
         os.environ.setdefault(k, v)
     bindir = os.path.dirname(sys.executable)
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
@@ -208,12 +215,15 @@ def ds_config(args):
         "gradient_accumulation_steps": 1,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
-        "optimizer": {"type": "Adam", "params": {"lr": args.lr}},
         "zero_optimization": zero,
         "aio": aio,
     }
     if args.writer == "fast":  # FastPersist; without a writer block DeepSpeed uses torch.save
         cfg["checkpoint"] = {"writer": {"type": "fast", "io_buffer_size": 1 << 20, "io_buffer_double": True}}
+    if args.optimizer == "ds-cpu-adam":
+        cfg["optimizer"] = {"type": "Adam", "params": {"lr": args.lr}}
+    else:
+        cfg["zero_force_ds_cpu_optimizer"] = False
     if args.dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     return cfg
@@ -288,6 +298,28 @@ def mib(n):
     return f"{n / (1 << 20):8.2f} MiB"
 
 
+def use_torch_byte_cast():
+    """FastFileWriter takes cast_to_byte_tensor from DeepSpeed's utils op, which
+    the CPU accelerator does not implement (NotImplementedBuilder). Substitute
+    the same view written in torch (csrc/utils/tensor_cast.cpp: the tensor's
+    bytes as uint8; tensors of at most one byte as they are)."""
+    import types
+    import torch
+    import deepspeed.io.fast_file_writer as ffw
+
+    def cast(x):
+        if isinstance(x, (list, tuple)):
+            return [cast(t) for t in x]
+        return x if x.nbytes <= 1 else x.reshape(-1).view(torch.uint8)
+
+    class TorchUtilsBuilder:
+
+        def load(self, verbose=False):
+            return types.SimpleNamespace(cast_to_byte_tensor=cast)
+
+    ffw.UtilsBuilder = TorchUtilsBuilder
+
+
 # ---------------------------------------------------------------- the job
 
 
@@ -305,14 +337,26 @@ def train(args, on_engine=None):
     if args.print_config:
         print(json.dumps(config, indent=2))
     if not torch.distributed.is_initialized():
+        if not args.shm_comm:
+            # On the CPU accelerator DeepSpeed JIT-builds a shared-memory
+            # allreduce when its comm backend starts; one process never uses it.
+            import importlib
+            # (by module name: the package attribute deepspeed.comm.torch is torch itself)
+            importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
         deepspeed.init_distributed(dist_backend="gloo")
     # zero.Init numbers parameters from a class counter; a second engine in
     # one process must start from 0 again for its swap files and checkpoint.
     from deepspeed.runtime.zero.partition_parameters import Init
     Init.param_id = 0
 
+    if args.writer == "fast" and get_accelerator().device_name() == "cpu":
+        use_torch_byte_cast()
     model = build_model(args, config)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    optimizer = None
+    if args.optimizer == "torch-adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), optimizer=optimizer,
+                                           config=config)
     if on_engine is not None:
         on_engine(engine)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32

@@ -52,6 +52,20 @@ impl TensorDesc {
     }
 }
 
+/// Runs the signal handlers of a pending signal (on Python's main thread,
+/// with the GIL); an exception they raise stays set for the front end to
+/// raise, and comes back as [`Error::Interrupted`]. Ok without Python.
+pub fn check_signals() -> Result<()> {
+    #[cfg(feature = "python")]
+    {
+        crate::python::check_signals()
+    }
+    #[cfg(not(feature = "python"))]
+    {
+        Ok(())
+    }
+}
+
 /// Runs a call that blocks on I/O (or on a handle's lock) without the GIL.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
     #[cfg(feature = "python")]
@@ -161,7 +175,26 @@ impl Handle {
         if request.direction == Direction::Write {
             write_warning::emit();
         }
-        code(request.into_op().and_then(|op| blocking(|| self.core.submit(op, is_async))))
+        code(request.into_op().and_then(|op| {
+            let queued = blocking(|| self.core.submit(op, true))?;
+            if is_async {
+                Ok(queued)
+            } else {
+                self.wait_interruptibly()
+            }
+        }))
+    }
+
+    /// Waits for every pending op and finishes them, in steps of
+    /// [`knobs::SIGNAL_POLL_INTERVAL`] without the GIL, looking for a signal
+    /// between steps: Ctrl-C during a long read ends with KeyboardInterrupt
+    /// at once (the ops stay pending, their buffers held, for the next wait
+    /// or the handle's drop) instead of after the I/O.
+    fn wait_interruptibly(&self) -> Result<usize> {
+        while !blocking(|| self.core.io_idle_within(crate::knobs::SIGNAL_POLL_INTERVAL)) {
+            check_signals()?;
+        }
+        blocking(|| self.core.wait())
     }
 
     /// read/write: one unsplit synchronous transfer; 0, or -1. Prints
@@ -180,7 +213,7 @@ impl Handle {
 
     /// `wait()`: how many ops finished (0 when none were pending).
     pub fn wait(&self) -> Result<i32> {
-        blocking(|| self.core.wait()).map(|n| i32::try_from(n).unwrap_or(i32::MAX))
+        self.wait_interruptibly().map(|n| i32::try_from(n).unwrap_or(i32::MAX))
     }
 
     /// `is_pinned(tensor)`: a torch-pinned or manager-managed CPU tensor.
@@ -309,6 +342,29 @@ pub fn pinned_or_managed(tensor: &TensorDesc) -> bool {
 /// `deepspeed_pin_tensor_t::free`: frees the allocation based exactly at `base`.
 pub fn pinned_free(base: usize) -> bool {
     PinnedMemoryManager::shared().free(base as *const u8)
+}
+
+/// `deepspeed_pin_tensor_t::free(tensor)` / `free_cpu_locked_tensor`: frees
+/// the allocation only when the tensor covers exactly that allocation (its
+/// base and its size, in any dtype or shape). A narrower view that starts at
+/// the base (`t[:k]`) passes DeepSpeed's base check and frees memory that `t`
+/// still uses; here it is refused (false) with a message naming both extents.
+pub fn pinned_free_tensor(tensor: &TensorDesc) -> bool {
+    if !tensor.has_storage || !tensor.buffer.is_host() {
+        return false;
+    }
+    let (ptr, len) = (tensor.buffer.ptr() as usize, tensor.buffer.len());
+    let manager = PinnedMemoryManager::shared();
+    match manager.region_of(ptr as *const u8) {
+        Some((base, bytes)) if base == ptr && bytes == len => manager.free(ptr as *const u8),
+        Some((base, bytes)) if base == ptr => {
+            crate::log::info(&format!(
+                "free_cpu_locked_tensor: refused: the tensor is {len} bytes at {ptr:#x}, a view of the {bytes}-byte                  locked allocation there; free the tensor that new_cpu_locked_tensor returned (nothing was freed)"
+            ));
+            false
+        }
+        _ => false,
+    }
 }
 
 /// `deepspeed_pin_tensor_t::is_managed`: the tensor lies wholly inside one allocation.

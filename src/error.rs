@@ -94,6 +94,11 @@ pub enum Error {
     Gds(GdsError),
     /// Several ops failed in one `wait()`; the first is shown, the rest counted.
     Many { first: Box<Error>, more: usize },
+    /// A blocking call gave up waiting because a signal handler raised
+    /// (Ctrl-C: KeyboardInterrupt). The ops stay pending in the handle, with
+    /// their buffers held; the next `wait()` (or the handle's drop) finishes
+    /// them. A Python front end has the exception set and raises it.
+    Interrupted(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -129,6 +134,7 @@ impl fmt::Display for Error {
             Error::Copy(m) => write!(f, "buffer copy failed: {m}"),
             Error::Gds(m) => write!(f, "GPUDirect Storage: {m}"),
             Error::Many { first, more } => write!(f, "{first} (and {more} more failed ops)"),
+            Error::Interrupted(m) => write!(f, "interrupted: {m}"),
         }
     }
 }

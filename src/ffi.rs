@@ -128,9 +128,16 @@ pub mod bridge {
         /// `deepspeed_memcpy`: copies `dest.size(0)` 4-byte elements.
         fn memcpy_f32(dest: &TensorInfo, src: &TensorInfo) -> Result<i32>;
 
-        /// The process-wide pinned-memory manager.
-        fn pinned_alloc(num_elem: i64, element_size: usize) -> Result<usize>;
+        /// The process-wide pinned-memory manager. `new_cpu_locked_tensor`'s
+        /// memory belongs to the tensor made over it: the glue hands the box
+        /// to the tensor's deleter, so the memory is unlocked and unmapped
+        /// when the last tensor using it is gone (or unmanaged earlier by
+        /// `free`), never left locked by a tensor nobody can free any more.
+        type LockedMemory;
+        fn pinned_alloc(num_elem: i64, element_size: usize) -> Result<Box<LockedMemory>>;
+        fn address(self: &LockedMemory) -> usize;
         fn pinned_free(base: usize) -> bool;
+        fn pinned_free_tensor(info: &TensorInfo) -> bool;
         fn pinned_is_managed(info: &TensorInfo) -> bool;
 
         /// DeepSpeed's one-time consumer-SSD write warning.
@@ -308,12 +315,27 @@ fn memcpy_f32(dest: &bridge::TensorInfo, src: &bridge::TensorInfo) -> Result<i32
     catch_panic("deepspeed_memcpy", || deepspeed::memcpy_f32(&tensor(dest), &tensor(src)))
 }
 
-fn pinned_alloc(num_elem: i64, element_size: usize) -> Result<usize, Error> {
-    catch_panic("new_cpu_locked_tensor", || deepspeed::pinned_alloc(num_elem, element_size))
+/// Locked memory owned by the torch tensor made over it (its deleter drops
+/// the box).
+pub struct LockedMemory(crate::pinned::LockedBuffer);
+
+impl LockedMemory {
+    fn address(&self) -> usize {
+        self.0.as_ptr() as usize
+    }
+}
+
+fn pinned_alloc(num_elem: i64, element_size: usize) -> Result<Box<LockedMemory>, Error> {
+    catch_panic("new_cpu_locked_tensor", || deepspeed::pinned_alloc_owned(num_elem, element_size))
+        .map(|buffer| Box::new(LockedMemory(buffer)))
 }
 
 fn pinned_free(base: usize) -> bool {
     or_default(|| deepspeed::pinned_free(base))
+}
+
+fn pinned_free_tensor(info: &bridge::TensorInfo) -> bool {
+    or_default(|| deepspeed::pinned_free_tensor(&tensor(info)))
 }
 
 fn pinned_is_managed(info: &bridge::TensorInfo) -> bool {

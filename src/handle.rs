@@ -71,6 +71,17 @@ impl InFlight {
         }
     }
 
+    /// Whether every slice has run, waiting until `deadline` at most.
+    fn slices_done_by(&self, deadline: Instant) -> bool {
+        let mut st = self.state.lock();
+        while st.remaining > 0 {
+            if self.done.wait_until(&mut st, deadline).timed_out() {
+                return st.remaining == 0;
+            }
+        }
+        true
+    }
+
     /// Blocks until every slice ran; returns the first slice error.
     fn wait_slices(&self) -> Result<()> {
         let mut st = self.state.lock();
@@ -441,6 +452,16 @@ impl IoHandle {
         };
         drop(finished);
         result
+    }
+
+    /// Waits up to `timeout` for the I/O of every op submitted so far to
+    /// end, without finishing them (`wait()` does that). True when none is
+    /// still moving bytes. Lets a caller wait in steps, doing something
+    /// between them (the Python front ends look for Ctrl-C).
+    pub fn io_idle_within(&self, timeout: std::time::Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let ops: Vec<Arc<InFlight>> = self.pending.lock().iter().cloned().collect();
+        ops.iter().all(|op| op.slices_done_by(deadline))
     }
 
     /// `pread(buffer, target, file_offset, async)` with DeepSpeed's

@@ -43,6 +43,9 @@ pub const GDS_MIN_BLOCK_SIZE: usize = 1024;
 /// How many times a transfer that keeps answering EAGAIN is resubmitted
 /// before it fails naming the errno (with a growing pause in between).
 pub const MAX_EAGAIN_RETRIES: u32 = 64;
+/// How often a blocking wait called from Python looks for a pending signal
+/// (Ctrl-C), so that KeyboardInterrupt ends it promptly.
+pub const SIGNAL_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 /// How many times in a row a transfer interrupted by a signal (EINTR, no
 /// byte moved) is resubmitted before it fails naming the errno. Signals are
 /// normal (a profiler's SIGPROF, SIGCHLD), so the bound is far above what

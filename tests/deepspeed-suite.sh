@@ -4,9 +4,10 @@
 # Usage: tests/deepspeed-suite.sh /path/to/DeepSpeed/tests [MIX] [TEST_PATH...]
 # MIX is a DEEPNVME_OPS value (default `all`: deepnvme provides every op);
 # `pin_memory` runs DeepSpeed's own C++ async_io (JIT-built, needs
-# libaio-dev; cached under target/torch-extensions) on deepnvme's pinned
+# libaio-dev; cached in the venv under deepnvme-torch-extensions) on deepnvme's pinned
 # manager. With TEST_PATHs (relative to that tests/ folder, e.g.
-# unit/runtime/zero/test_nvme_checkpointing.py) only those run.
+# unit/runtime/zero/test_nvme_checkpointing.py) only those run; pytest options
+# may come before them (that file is marked sequential: -m sequential).
 # The DeepSpeed checkout must live outside this repository (its tests are not
 # ours to copy); its conftest puts the checkout's parent on sys.path, so the
 # tests run from a copy of its tests/ folder to keep the installed deepspeed.
@@ -23,7 +24,8 @@ VENV=${DEEPNVME_VENV:-$HOME/.cache/deepnvme-venv}
 # tests, and needs ninja from the venv.
 export PATH="$VENV/bin:$PATH"
 export DEEPNVME_OPS="$MIX"
-export TORCH_EXTENSIONS_DIR="$ROOT/target/torch-extensions"
+# The stock ops' JIT build is shared with tests/python/test_mix_stock_aio.py (in the venv).
+export TORCH_EXTENSIONS_DIR="$VENV/deepnvme-torch-extensions"
 echo "DeepSpeed's own suite, DEEPNVME_OPS=$MIX: $("$VENV/bin/python" -c 'import deepnvme; print("deepnvme provides", ", ".join(deepnvme.provided_ops()) or "nothing")')"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

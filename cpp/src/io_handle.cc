@@ -3,6 +3,8 @@
 
 #include "deepspeed_py_aio_handle.h"
 
+#include <pybind11/pybind11.h>
+
 #include <memory>
 
 #include "deepspeed_cpu_op.h"
@@ -77,6 +79,27 @@ int deepspeed_io_handle_t::write(const torch::Tensor& buffer,
                                            file_offset);
 }
 
+namespace {
+
+// A call into the core that may stop waiting for a signal (Ctrl-C): the core
+// then leaves the exception the signal handler raised (KeyboardInterrupt)
+// set, and this raises that one instead of a RuntimeError.
+template <class F>
+auto raising_pending_python_error(F&& call) -> decltype(call())
+{
+    try {
+        return call();
+    } catch (const rust::Error&) {
+        // DeepSpeed's bindings release the GIL around some of these calls
+        // (call_guard<gil_scoped_release>): take it to look.
+        pybind11::gil_scoped_acquire gil;
+        if (PyErr_Occurred() != nullptr) { throw pybind11::error_already_set(); }
+        throw;
+    }
+}
+
+}  // namespace
+
 int deepspeed_io_handle_t::submit_op(const bool read,
                                      const torch::Tensor& buffer,
                                      const char* filename,
@@ -85,15 +108,17 @@ int deepspeed_io_handle_t::submit_op(const bool read,
                                      const bool async,
                                      const int64_t file_offset)
 {
-    return _state->handle->submit(read,
-                                  torch_half(buffer),
-                                  deepnvme::describe_tensor(buffer),
-                                  deepnvme::filename_bytes(filename),
-                                  filename == nullptr,
-                                  fd,
-                                  validate,
-                                  async,
-                                  file_offset);
+    return raising_pending_python_error([&] {
+        return _state->handle->submit(read,
+                                      torch_half(buffer),
+                                      deepnvme::describe_tensor(buffer),
+                                      deepnvme::filename_bytes(filename),
+                                      filename == nullptr,
+                                      fd,
+                                      validate,
+                                      async,
+                                      file_offset);
+    });
 }
 
 int deepspeed_io_handle_t::pread(const torch::Tensor& buffer,
@@ -155,7 +180,10 @@ bool deepspeed_io_handle_t::is_pinned(const torch::Tensor& buffer)
     return _state->handle->is_pinned(deepnvme::describe_tensor(buffer));
 }
 
-int deepspeed_io_handle_t::wait() { return _state->handle->wait(); }
+int deepspeed_io_handle_t::wait()
+{
+    return raising_pending_python_error([&] { return _state->handle->wait(); });
+}
 
 deepspeed_aio_handle_t::deepspeed_aio_handle_t(const int block_size,
                                                const int queue_depth,

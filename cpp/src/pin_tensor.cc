@@ -59,10 +59,22 @@ extern "C" __attribute__((visibility("default"))) void* deepspeed_pin_tensor_mgr
 torch::Tensor deepspeed_pin_tensor_t::alloc(const int64_t num_elem, const torch::TensorOptions& options)
 {
     const auto element_size = c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
-    const auto base = deepnvme::ffi::pinned_alloc(num_elem, element_size);
-    return torch::from_blob(reinterpret_cast<void*>(base),
-                            {num_elem},
-                            options.device(torch::kCPU).pinned_memory(false));
+    auto memory = deepnvme::ffi::pinned_alloc(num_elem, element_size);
+    void* base = reinterpret_cast<void*>(memory->address());
+    // The tensor owns the memory: its storage's deleter drops the Rust box,
+    // which unlocks and unmaps it (free() before that only unmanages and
+    // unlocks it, so a tensor still in use never points at unmapped memory).
+    auto* owner = memory.into_raw();
+    try {
+        return torch::from_blob(
+            base,
+            {num_elem},
+            [owner](void*) { (void)rust::Box<deepnvme::ffi::LockedMemory>::from_raw(owner); },
+            options.device(torch::kCPU).pinned_memory(false));
+    } catch (...) {
+        (void)rust::Box<deepnvme::ffi::LockedMemory>::from_raw(owner);
+        throw;
+    }
 }
 
 torch::Tensor deepspeed_pin_tensor_t::alloc(const int64_t num_elem, const at::ScalarType& elem_type)
@@ -72,9 +84,7 @@ torch::Tensor deepspeed_pin_tensor_t::alloc(const int64_t num_elem, const at::Sc
 
 bool deepspeed_pin_tensor_t::free(torch::Tensor& locked_tensor)
 {
-    const auto info = deepnvme::describe_tensor(locked_tensor);
-    if (!info.has_storage) { return false; }
-    return deepnvme::ffi::pinned_free(info.ptr);
+    return deepnvme::ffi::pinned_free_tensor(deepnvme::describe_tensor(locked_tensor));
 }
 
 bool deepspeed_pin_tensor_t::free(void* addr)

@@ -22,6 +22,13 @@ use crate::error::{Error, Result};
 /// A core error as Python sees it (pybind11 turns the compiled modules'
 /// errors into `RuntimeError` too).
 pub(crate) fn py_err(e: Error) -> PyErr {
+    if let Error::Interrupted(_) = &e {
+        // The exception a signal handler raised (KeyboardInterrupt), left
+        // set by `check_signals`.
+        if let Some(pending) = Python::try_attach(PyErr::take).flatten() {
+            return pending;
+        }
+    }
     PyRuntimeError::new_err(e.to_string())
 }
 

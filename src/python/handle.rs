@@ -152,7 +152,7 @@ impl Inner {
 
     fn free_locked(&self, py: Python<'_>, tensor: &Bound<'_, PyAny>) -> PyResult<bool> {
         let d = describe(py, tensor, false, "free_cpu_locked_tensor")?;
-        Ok(d.tensor.has_storage && deepspeed::pinned_free(d.tensor.buffer.ptr() as usize))
+        Ok(deepspeed::pinned_free_tensor(&d.tensor))
     }
 
     fn register(&self, py: Python<'_>, tensor: &Bound<'_, PyAny>, pin: bool) -> PyResult<bool> {

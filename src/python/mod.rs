@@ -64,6 +64,21 @@ pub fn without_gil<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// `PyErr_CheckSignals` with the GIL: the exception a signal handler raised
+/// (KeyboardInterrupt) is left set, for pyo3 (`PyErr::take`) or pybind11
+/// (`error_already_set`) to raise, and reported as [`Error::Interrupted`].
+pub fn check_signals() -> crate::error::Result<()> {
+    Python::try_attach(|py| match py.check_signals() {
+        Ok(()) => Ok(()),
+        Err(err) => {
+            let text = err.to_string();
+            err.restore(py);
+            Err(crate::error::Error::Interrupted(text))
+        }
+    })
+    .unwrap_or(Ok(()))
+}
+
 /// Logs `message` through `deepspeed.utils.logger.warning` unless another
 /// extension already did. Returns false when Python or DeepSpeed is not
 /// there to take it (the caller then prints it itself).

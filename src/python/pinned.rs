@@ -87,7 +87,7 @@ impl PinHandle {
     #[pyo3(signature = (locked_tensor))]
     fn free_cpu_locked_tensor(&self, py: Python<'_>, locked_tensor: &Bound<'_, PyAny>) -> PyResult<bool> {
         let d = describe(py, locked_tensor, false, "free_cpu_locked_tensor")?;
-        Ok(d.tensor.has_storage && deepspeed::pinned_free(d.tensor.buffer.ptr() as usize))
+        Ok(deepspeed::pinned_free_tensor(&d.tensor))
     }
 
     /// Free a page-locked CPU tensor by its allocation base address

@@ -46,17 +46,31 @@ def module_name(op):
     return "deepnvme.frontend" if frontend() == "pyo3" else f"deepnvme.{op}"
 
 
+def compiled_modules_installed():
+    """Whether this install has the compiled modules (a wheel-only install has not)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(f"deepnvme.{op}") is not None for op in ("async_io", "pin_memory", "gds"))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "compiled_only: about the compiled extensions; skipped under the pyo3 front end")
+    config.addinivalue_line("markers", "needs_compiled: uses the compiled modules whatever the front end (C++ "
+                            "linking deepnvme's pinned front); skipped in a wheel-only install")
 
 
 def pytest_collection_modifyitems(config, items):
-    if frontend() != "pyo3":
-        return
-    skip = pytest.mark.skip(reason="about the compiled extensions (load order, ELF, pybind11); this run uses the pyo3 front end")
+    pyo3 = frontend() == "pyo3"
+    installed = compiled_modules_installed()
+    skip_compiled = pytest.mark.skip(reason="about the compiled extensions (load order, ELF, pybind11); this run "
+                                     "uses the pyo3 front end")
+    skip_missing = pytest.mark.skip(reason="needs deepnvme's compiled modules, which this (wheel-only) install "
+                                    "does not have")
     for item in items:
-        if item.get_closest_marker("compiled_only"):
-            item.add_marker(skip)
+        if pyo3 and item.get_closest_marker("compiled_only"):
+            item.add_marker(skip_compiled)
+        elif not installed and item.get_closest_marker("needs_compiled"):
+            item.add_marker(skip_missing)
 
 
 def pytest_report_header(config):

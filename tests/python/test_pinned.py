@@ -105,10 +105,15 @@ def test_free_of_a_narrow_frees_nothing(handle, native):
         stats = native.pinned_stats()
         assert handle.free_cpu_locked_tensor(buf.narrow(0, 1, 10)) is False
         assert handle.free_cpu_locked_tensor(buf.narrow(0, PAGE, PAGE)) is False
+        # A view that starts at the base passes DeepSpeed's base check; it
+        # is not the allocation, so nothing is freed (the C++ frees it all).
+        assert handle.free_cpu_locked_tensor(buf.narrow(0, 0, PAGE)) is False
+        assert handle.free_cpu_locked_tensor(buf[:1]) is False
         assert native.pinned_stats() == stats
         assert handle.is_pinned(buf)
     finally:
-        assert handle.free_cpu_locked_tensor(buf) is True
+        # The whole allocation in another shape and dtype is the allocation.
+        assert handle.free_cpu_locked_tensor(buf.view(torch.int32).view(PAGE, 1)) is True
 
 
 def test_pinned_stats_and_vmlck_track_allocations(handle, native):
@@ -163,3 +168,46 @@ def test_negative_num_elem_raises(handle, native):
     with pytest.raises(RuntimeError):
         handle.new_cpu_locked_tensor(-1, torch.empty(0))
     assert native.pinned_stats() == stats0
+
+
+def test_locked_memory_goes_with_its_last_tensor(handle, pin_mod, native):
+    """A locked tensor nobody frees (DeepSpeed's swappers allocate with
+    new_cpu_locked_tensor and never free; an engine's destroy() just drops
+    them) is unlocked and unmapped when its last reference goes -- a view
+    keeps it -- instead of staying locked until the process exits."""
+    import gc
+
+    stats0 = native.pinned_stats()
+    lck0 = vmlck_kb()
+    for make in (handle.new_cpu_locked_tensor, pin_mod.pin_handle().new_cpu_locked_tensor):
+        t = make(16 * PAGE, torch.empty(0, dtype=torch.uint8))
+        t.fill_(3)
+        view = t[PAGE:2 * PAGE]
+        del t
+        gc.collect()
+        assert handle.is_pinned(view) and native.pinned_stats()[0] == stats0[0] + 1
+        assert int(view.sum()) == 3 * PAGE
+        del view
+        gc.collect()
+        assert native.pinned_stats() == stats0
+        assert vmlck_kb() == lck0
+
+
+def test_a_freed_tensor_stays_readable_until_it_goes(handle, native):
+    """free_cpu_locked_tensor unmanages and unlocks at once (DeepSpeed's
+    free); the tensor, still referenced, keeps valid memory instead of
+    pointing at an unmapped page, and a later free of its address frees
+    nothing else."""
+    stats0 = native.pinned_stats()
+    t = handle.new_cpu_locked_tensor(PAGE, torch.empty(0, dtype=torch.uint8))
+    t.fill_(9)
+    assert handle.free_cpu_locked_tensor(t) is True
+    assert native.pinned_stats() == stats0 and not handle.is_pinned(t)
+    assert int(t.sum()) == 9 * PAGE
+    other = handle.new_cpu_locked_tensor(PAGE, torch.empty(0, dtype=torch.uint8))
+    try:
+        assert other.data_ptr() != t.data_ptr()  # the address is not reused while t lives
+    finally:
+        del t
+        assert handle.is_pinned(other)
+        assert handle.free_cpu_locked_tensor(other) is True

@@ -19,6 +19,9 @@ import torch
 import deepnvme
 from conftest import provided_ops
 
+# C++ that links deepnvme's pinned front (libdeepnvme_pin.so), whatever the front end.
+pytestmark = pytest.mark.needs_compiled
+
 SOURCE = r"""
 #include <torch/extension.h>
 

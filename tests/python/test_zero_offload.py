@@ -1,0 +1,248 @@
+"""The real jobs, end to end, on the CPU accelerator: ZeRO-3 with parameters
+and optimizer state offloaded to NVMe through DeepSpeed's own swappers
+(examples/zero_infinity.py), and FastPersist checkpoint writing
+(deepspeed.io.FastFileWriter), both over deepnvme's aio_handle.
+
+Each ZeRO job runs in a fresh interpreter (DeepSpeed's process group, its
+accelerator choice and zero.Init's counters are process-global), driven by
+DRIVER below: it loads the example, wraps the async_io module's aio_handle
+factory so that every buffer DeepSpeed hands to a transfer is recorded with
+what the handle's is_pinned() said of it, runs the job, destroys the engine,
+and reports losses, the records and the pinned-memory manager's counters.
+Models are tiny (two Linear(512, 512) fp32 layers: each weight is exactly
+1 MiB, DeepSpeed's smallest swappable tensor) so a job takes seconds.
+"""
+
+import json
+import subprocess
+import os
+import sys
+
+import pytest
+import torch
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "zero_infinity.py")
+STEPS = 6
+JOB_TIMEOUT = 1200  # seconds, all jobs; the first run may JIT-build DeepSpeed's CPU Adam and shm comm ops
+# torch.optim.Adam rather than DeepSpeed's CPU Adam: the optimizer is not under
+# test, and DeepSpeed's is JIT-built with ninja on first use (tens of minutes
+# on a busy 2-core machine). DeepSpeed's shared-memory allreduce op, likewise
+# JIT-built and unused by one process, is skipped by the example.
+MODEL = ["--layers", "2", "--hidden", "512", "--batch", "4", "--steps", str(STEPS), "--lr", "1e-2",
+         "--optimizer", "torch-adam"]
+
+DRIVER = r"""
+import gc, importlib.util, json, os, sys, traceback
+
+jobs, out_dir = json.loads(sys.argv[1]), sys.argv[2]
+spec = importlib.util.spec_from_file_location("zero_infinity", {example!r})
+zi = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(zi)
+zi.prepare_environment(zi.parse_args(jobs[0]["argv"]))
+
+import torch
+import deepnvme
+from deepspeed.ops.op_builder import AsyncIOBuilder
+
+aio = AsyncIOBuilder().load()
+assert aio.__name__ in ("deepnvme.async_io", "deepnvme.frontend"), aio.__name__
+native = deepnvme.native()
+TRANSFERS = ("async_pread", "async_pwrite", "sync_pread", "sync_pwrite", "pread", "pwrite", "read", "write")
+records = []   # (method, is_pinned, contiguous, nbytes) for every transfer DeepSpeed asks for
+
+
+class RecordingHandle:
+    # Stands in for the aio_handle DeepSpeed creates: records every buffer
+    # passed to a transfer with what the real handle's is_pinned() says of
+    # it, then delegates. Everything else is the real handle's.
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if name not in TRANSFERS:
+            return attr
+        real = self._real
+
+        def transfer(buffer, *rest, **kw):
+            records.append((name, bool(real.is_pinned(buffer)), bool(buffer.is_contiguous()),
+                            buffer.numel() * buffer.element_size()))
+            return attr(buffer, *rest, **kw)
+
+        return transfer
+
+
+real_factory = aio.aio_handle
+aio.aio_handle = lambda *a, **kw: RecordingHandle(real_factory(*a, **kw))
+stats_api = hasattr(deepnvme, "stats")
+
+for job in jobs:
+    os.environ.update(job.get("env", {{}}))
+    del records[:]
+    report = {{"name": job["name"]}}
+    try:
+        args = zi.parse_args(job["argv"])
+        gc.collect()
+        bounced_before = zi.deepnvme_counters()["bounced_bytes"] if stats_api else None
+        pinned_before = native.pinned_stats()
+        result = zi.train(args)
+        gc.collect()
+        result.pop("config", None)
+        report.update(result)
+        report.update(records=list(records), pinned_before=list(pinned_before),
+                      pinned_after=list(native.pinned_stats()), stats_api=stats_api, bounced_before=bounced_before,
+                      bounced_after=zi.deepnvme_counters()["bounced_bytes"] if stats_api else None)
+    except BaseException:
+        report["error"] = traceback.format_exc()
+    for k in job.get("env", {{}}):
+        os.environ.pop(k, None)
+    with open(os.path.join(out_dir, job["name"] + ".json"), "w") as f:
+        json.dump(report, f)
+"""
+
+# Each knob both ways over four jobs: (pipeline_read, pipeline_write,
+# intra_op_parallelism, single_submit, overlap_events).
+KNOBS = [
+    (False, False, 1, False, False),
+    (True, True, 2, True, True),
+    (True, False, 2, False, True),
+    (False, True, 1, True, False),
+]
+
+
+def knob_flags(pr, pw, par, ss, oe):
+    return ["--pipeline-read", str(pr), "--pipeline-write", str(pw), "--intra-op-parallelism", str(par),
+            "--single-submit", str(ss), "--overlap-events", str(oe), "--block-size", str(1 << 20),
+            "--queue-depth", "8"]
+
+
+def knob_id(k):
+    pr, pw, par, ss, oe = k
+    return f"pr{int(pr)}-pw{int(pw)}-par{par}-ss{int(ss)}-oe{int(oe)}"
+
+
+def job_list(base):
+    """Every job the tests look at, in the order one interpreter runs them."""
+    def job(name, *flags, env=None):
+        return {"name": name, "argv": MODEL + ["--nvme-path", str(base / name / "swap")] + list(flags),
+                "env": env or {}}
+
+    ckpt = str(base / "ckpt-fast")
+    fast = {"DS_PIN_MEMORY_BACKEND": "native"}
+    return ([job("cpu", "--offload", "cpu")] + [job("nvme-" + knob_id(k), *knob_flags(*k)) for k in KNOBS] + [
+        job("nvme-save-fast", *knob_flags(*KNOBS[1]), "--writer", "fast", "--save-at", "3", "--ckpt-dir", ckpt,
+            env=fast),
+        job("nvme-resume-fast", *knob_flags(*KNOBS[1]), "--writer", "fast", "--resume", ckpt, env=fast),
+        # The same with DeepSpeed's default writer (torch.save): the reference
+        # for what a resumed run gives, whatever the writer.
+        job("nvme-save-torch", *knob_flags(*KNOBS[1]), "--save-at", "3", "--ckpt-dir", ckpt + "-torch"),
+        job("nvme-resume-torch", *knob_flags(*KNOBS[1]), "--resume", ckpt + "-torch"),
+    ])
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """Runs every job once, in one fresh interpreter (importing torch and
+    DeepSpeed once: on a busy 2-core machine that alone takes tens of
+    seconds); returns {name: report}. A job that raised has "error"."""
+    base = tmp_path_factory.mktemp("zero")
+    jobs = job_list(base)
+    for j in jobs:
+        (base / j["name"]).mkdir()
+    out = base / "reports"
+    out.mkdir()
+    env = dict(os.environ, DEEPNVME_LOG="quiet", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-c", DRIVER.format(example=EXAMPLE), json.dumps(jobs), str(out)],
+                          capture_output=True, text=True, timeout=JOB_TIMEOUT, env=env, cwd=str(base))
+    found = {}
+    for j in jobs:
+        path = out / (j["name"] + ".json")
+        if path.exists():
+            found[j["name"]] = json.loads(path.read_text())
+    if proc.returncode != 0 or not found:
+        pytest.fail(f"the jobs' interpreter failed with status {proc.returncode}\n"
+                    f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
+    return found
+
+
+def report(reports, name):
+    r = reports.get(name)
+    assert r is not None, f"job {name} did not report"
+    assert "error" not in r, f"job {name} raised:\n{r['error']}"
+    return r
+
+
+@pytest.mark.parametrize("knobs", KNOBS, ids=knob_id)
+def test_nvme_losses_equal_cpu_offload_bit_for_bit(reports, knobs):
+    floor = report(reports, "cpu")
+    nvme = report(reports, "nvme-" + knob_id(knobs))
+    assert nvme["op"] in ("deepnvme.async_io", "deepnvme.frontend")
+    assert len(floor["losses"]) == STEPS
+    assert nvme["losses"] == floor["losses"], (nvme["losses"], floor["losses"])
+    # The job really swapped: DeepSpeed asked deepnvme for transfers both ways.
+    methods = {m for m, *_ in nvme["records"]}
+    assert methods & {"async_pwrite", "sync_pwrite"} and methods & {"async_pread", "sync_pread"}, methods
+    # and the steps differ (it trains; it does not replay one step)
+    assert len(set(nvme["losses"])) == STEPS, nvme["losses"]
+
+
+@pytest.mark.parametrize("knobs", KNOBS, ids=knob_id)
+def test_swap_buffers_are_pinned_so_nothing_bounces(reports, knobs):
+    nvme = report(reports, "nvme-" + knob_id(knobs))
+    records = nvme["records"]
+    assert records, "DeepSpeed made no transfer through deepnvme"
+    bounced = [r for r in records if not (r[1] and r[2])]
+    assert not bounced, f"{len(bounced)} of {len(records)} transfers got buffers deepnvme does not " \
+        f"recognise as locked and contiguous (they would bounce): {bounced[:5]}"
+    if nvme["stats_api"]:
+        assert nvme["bounced_after"] == nvme["bounced_before"], nvme
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "DeepSpeed keeps references: after engine.destroy() and gc, 6 swap buffers (15 MiB) per engine are still "
+    "referenced from Python, on both front ends. deepnvme frees locked memory with its last tensor reference "
+    "(test_pinned.py::test_locked_memory_goes_with_its_last_tensor), so what is left is what DeepSpeed holds "
+    "(its param swappers' buffers, allocated with new_cpu_locked_tensor and never freed)."))
+@pytest.mark.parametrize("knobs", KNOBS, ids=knob_id)
+def test_no_locked_memory_left_after_engine_destroy(reports, knobs):
+    nvme = report(reports, "nvme-" + knob_id(knobs))
+    before, after = nvme["pinned_before"], nvme["pinned_after"]
+    assert nvme["records"], "the job made no transfer"
+    # (regions, requested bytes, locked bytes) of deepnvme's pinned-memory
+    # manager: every swap buffer the job locked is given back once the engine
+    # is destroyed and collected.
+    assert after == before, f"pinned_stats before the job {before}, after engine.destroy() and gc {after}"
+
+
+def test_fastpersist_checkpoint_resumes_as_torch_save_does(reports):
+    """A ZeRO-3 NVMe job saves a checkpoint after step 3 through DeepSpeed's
+    FastPersist writer (checkpoint.writer.type "fast": torch.save streams
+    through an aio_handle); a new engine loads it and runs steps 4-6. Its
+    losses are bit for bit those of the same save and resume through
+    DeepSpeed's default writer (torch.save to a file), and its first step is
+    the uninterrupted job's step 4.
+
+    Later resumed steps differ from the uninterrupted job's with BOTH
+    writers alike (seen 2026-11-30: step 5 gives 1.9005 where the
+    uninterrupted run gives 1.8416): that is DeepSpeed's resume of this
+    configuration (ZeRO-3, NVMe optimizer offload, a client torch Adam), not
+    the writer or the I/O, so it is compared writer against writer.
+
+    On the CPU accelerator the writer's I/O buffer can only be page-locked by
+    DeepSpeed's native pinned-memory backend (DS_PIN_MEMORY_BACKEND=native,
+    i.e. deepnvme's pin_handle): torch cannot pin memory without a GPU; and
+    its byte cast comes from DeepSpeed's utils op, which the CPU accelerator
+    does not implement, so the example substitutes the same view in torch
+    (use_torch_byte_cast)."""
+    whole = report(reports, "nvme-" + knob_id(KNOBS[1]))
+    saved = report(reports, "nvme-save-fast")
+    assert saved["losses"] == whole["losses"], "saving a checkpoint changed the training"
+    assert any(m == "async_pwrite" for m, *_ in saved["records"]), "FastPersist wrote nothing through deepnvme"
+    assert report(reports, "nvme-save-torch")["losses"] == whole["losses"]
+    resumed = report(reports, "nvme-resume-fast")
+    reference = report(reports, "nvme-resume-torch")
+    assert resumed["first_step"] == reference["first_step"] == 4
+    assert resumed["losses"][0] == whole["losses"][3], (resumed["losses"], whole["losses"])
+    assert resumed["losses"] == reference["losses"], (resumed["losses"], reference["losses"])
