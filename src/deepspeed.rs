@@ -26,6 +26,7 @@ use crate::config::HandleConfig;
 use crate::error::{Direction, Error, Result};
 use crate::file::FileTarget;
 use crate::handle::IoHandle;
+use crate::knobs::SIGNAL_POLL_INTERVAL;
 use crate::op::OpRequest;
 use crate::pinned::PinnedMemoryManager;
 
@@ -176,25 +177,12 @@ impl Handle {
             write_warning::emit();
         }
         code(request.into_op().and_then(|op| {
-            let queued = blocking(|| self.core.submit(op, true))?;
             if is_async {
-                Ok(queued)
+                blocking(|| self.core.submit(op, true))
             } else {
-                self.wait_interruptibly()
+                blocking(|| self.core.submit_blocking_with(op, SIGNAL_POLL_INTERVAL, &mut check_signals))
             }
         }))
-    }
-
-    /// Waits for every pending op and finishes them, in steps of
-    /// [`knobs::SIGNAL_POLL_INTERVAL`] without the GIL, looking for a signal
-    /// between steps: Ctrl-C during a long read ends with KeyboardInterrupt
-    /// at once (the ops stay pending, their buffers held, for the next wait
-    /// or the handle's drop) instead of after the I/O.
-    fn wait_interruptibly(&self) -> Result<usize> {
-        while !blocking(|| self.core.io_idle_within(crate::knobs::SIGNAL_POLL_INTERVAL)) {
-            check_signals()?;
-        }
-        blocking(|| self.core.wait())
     }
 
     /// read/write: one unsplit synchronous transfer; 0, or -1. Prints
@@ -212,8 +200,13 @@ impl Handle {
     }
 
     /// `wait()`: how many ops finished (0 when none were pending).
+    /// Waits in steps of [`SIGNAL_POLL_INTERVAL`] without the GIL, running
+    /// pending signal handlers between steps: Ctrl-C during a long wait ends
+    /// it with KeyboardInterrupt at once (the ops stay pending, their
+    /// buffers held, for the next wait or the handle's drop).
     pub fn wait(&self) -> Result<i32> {
-        self.wait_interruptibly().map(|n| i32::try_from(n).unwrap_or(i32::MAX))
+        blocking(|| self.core.wait_with(SIGNAL_POLL_INTERVAL, &mut check_signals))
+            .map(|n| i32::try_from(n).unwrap_or(i32::MAX))
     }
 
     /// `is_pinned(tensor)`: a torch-pinned or manager-managed CPU tensor.

@@ -29,6 +29,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
+use std::time::Duration;
 
 use crate::buffer::{BufferDesc, IoBuffer, Location, Staging};
 use crate::config::HandleConfig;
@@ -454,14 +455,56 @@ impl IoHandle {
         result
     }
 
-    /// Waits up to `timeout` for the I/O of every op submitted so far to
-    /// end, without finishing them (`wait()` does that). True when none is
-    /// still moving bytes. Lets a caller wait in steps, doing something
-    /// between them (the Python front ends look for Ctrl-C).
-    pub fn io_idle_within(&self, timeout: std::time::Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let ops: Vec<Arc<InFlight>> = self.pending.lock().iter().cloned().collect();
-        ops.iter().all(|op| op.slices_done_by(deadline))
+    /// Waits, in steps of `poll`, until the I/O of every op submitted so
+    /// far has ended (without finishing them), calling `between` after each
+    /// step that ended with I/O still running. An error from `between` ends
+    /// the wait early, the ops still pending.
+    fn until_io_idle(&self, poll: Duration, between: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        loop {
+            let deadline = Instant::now() + poll;
+            let ops: Vec<Arc<InFlight>> = self.pending.lock().iter().cloned().collect();
+            if ops.iter().all(|op| op.slices_done_by(deadline)) {
+                return Ok(());
+            }
+            between()?;
+        }
+    }
+
+    /// [`IoHandle::submit`] with `is_async` false, waiting in steps of
+    /// `poll` and calling `between` between them (the Python front ends run
+    /// pending signal handlers there, so Ctrl-C ends a long read at once).
+    /// An error from `between` is returned with the ops left pending, their
+    /// buffers held; a later `wait()` finishes them. Blocking calls on one
+    /// handle stay serialised, as in [`IoHandle::submit`].
+    pub fn submit_blocking_with(
+        &self,
+        request: OpRequest<'_>,
+        poll: Duration,
+        between: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<usize> {
+        self.check_process()?;
+        let op = self.prepare(request)?;
+        let (result, finished) = {
+            let _serial = self.serial.lock();
+            self.dispatch(op);
+            self.until_io_idle(poll, between)?;
+            self.wait_locked()
+        };
+        drop(finished);
+        result
+    }
+
+    /// [`IoHandle::wait`] in steps of `poll`, calling `between` between
+    /// them; see [`IoHandle::submit_blocking_with`].
+    pub fn wait_with(&self, poll: Duration, between: &mut dyn FnMut() -> Result<()>) -> Result<usize> {
+        self.check_process()?;
+        let (result, finished) = {
+            let _serial = self.serial.lock();
+            self.until_io_idle(poll, between)?;
+            self.wait_locked()
+        };
+        drop(finished);
+        result
     }
 
     /// `pread(buffer, target, file_offset, async)` with DeepSpeed's

@@ -40,28 +40,80 @@ extern "C" {
     fn PyGILState_Check() -> std::os::raw::c_int;
 }
 
+/// Whether this thread holds the GIL: it has an attached thread state, of
+/// whichever interpreter. `PyThreadState_GetUnchecked` (3.13+) or
+/// `_PyThreadState_UncheckedGet` (3.5-3.12) answer that, and stay right once
+/// a sub-interpreter exists, where `PyGILState_Check` only knows the main
+/// interpreter's threads. They are not in the abi3 set, so they are looked
+/// up at run time; `PyGILState_Check` is the fallback.
+fn this_thread_holds_gil() -> bool {
+    type GetUnchecked = unsafe extern "C" fn() -> *mut pyo3::ffi::PyThreadState;
+    static GET_UNCHECKED: std::sync::OnceLock<Option<GetUnchecked>> = std::sync::OnceLock::new();
+    let get = GET_UNCHECKED.get_or_init(|| {
+        [c"PyThreadState_GetUnchecked", c"_PyThreadState_UncheckedGet"].iter().find_map(|name| {
+            // SAFETY: dlsym with a NUL-terminated name; a symbol found under
+            // either name is CPython's function of this signature.
+            let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+            (!sym.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, GetUnchecked>(sym) })
+        })
+    });
+    // SAFETY: all three are callable from any thread once Python is initialised.
+    unsafe {
+        if pyo3::ffi::Py_IsInitialized() == 0 {
+            return false;
+        }
+        match get {
+            Some(current) => !current().is_null(),
+            None => PyGILState_Check() == 1,
+        }
+    }
+}
+
 /// Runs `f` with the GIL released when this thread holds it, and takes it
 /// back afterwards (also if `f` panics). DeepSpeed's bindings keep the GIL
 /// for several blocking calls (every gds_handle method, async submits, the
 /// handle's destructor); holding it while waiting for I/O would stall every
 /// Python thread, and could deadlock with a thread that needs the GIL to
 /// release a tensor while it holds the handle's lock.
+///
+/// Released through pyo3 (`Python::detach`), never with a bare
+/// `PyEval_SaveThread`: pyo3 keeps a per-thread count of attachments, and
+/// with a stale count, code inside `f` that drops a Python object (an op's
+/// hold on its tensor) or calls `Python::try_attach` (a bounce copy, the
+/// swap check, the signal check) would touch Python without the GIL -- a
+/// refcount race that corrupted the heap under the pyo3 front end.
 pub fn without_gil<T>(f: impl FnOnce() -> T) -> T {
-    struct Restore(*mut pyo3::ffi::PyThreadState);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            // SAFETY: restores the thread state saved below, on this thread.
-            unsafe { pyo3::ffi::PyEval_RestoreThread(self.0) };
+    /// `f` and its result cross no thread: `detach` runs it on this one. It
+    /// uses no Python object without attaching first (pyo3 then sees the
+    /// thread as detached and attaches properly).
+    struct OnThisThread<X>(X);
+    // SAFETY: see above; the value never leaves the calling thread.
+    unsafe impl<X> Send for OnThisThread<X> {}
+    impl<F> OnThisThread<F> {
+        fn call<T>(self) -> T
+        where
+            F: FnOnce() -> T,
+        {
+            (self.0)()
         }
     }
-    // SAFETY: PyGILState_Check is callable from any thread once Python is
-    // initialised; SaveThread is only called when this thread holds the GIL.
-    let holds_gil = unsafe { pyo3::ffi::Py_IsInitialized() != 0 && PyGILState_Check() == 1 };
-    if !holds_gil {
+
+    if !this_thread_holds_gil() {
         return f();
     }
-    let _restore = Restore(unsafe { pyo3::ffi::PyEval_SaveThread() });
-    f()
+    let mut f = Some(f);
+    // Attaching is re-entrant here (this thread holds the GIL, perhaps
+    // through pybind11, which pyo3 does not count); detach then releases it
+    // and brings it back, also if `f` panics.
+    let released = Python::try_attach(|py| {
+        let call = OnThisThread(f.take().expect("taken once"));
+        py.detach(move || OnThisThread(call.call())).0
+    });
+    match released {
+        Some(result) => result,
+        // The interpreter is finalizing: run it as we are.
+        None => (f.take().expect("not taken: try_attach did not run the closure"))(),
+    }
 }
 
 /// `PyErr_CheckSignals` with the GIL: the exception a signal handler raised
