@@ -6,7 +6,9 @@
 #   3. a fresh virtual environment (cached per torch/deepspeed version, like
 #      bindings/install.sh's) gets torch, deepspeed, pytest and numpy, then
 #      the wheel file, with CC=false CXX=false so that nothing can compile;
-#   4. the Python suite runs there with DEEPNVME_FRONTEND unset: with no
+#   4. a venv with no torch at all (numpy only) gets the same wheel, and
+#      numpy arrays, bytearray, memoryview and mmap round-trip through it;
+#   5. the Python suite runs there with DEEPNVME_FRONTEND unset: with no
 #      compiled modules DeepSpeed's builders must choose the pyo3 front end
 #      by themselves.
 # Usage: tests/wheel-check.sh [pytest args...]
@@ -80,6 +82,48 @@ assert aio.__name__ == "deepnvme.frontend", aio
 assert PinMemoryBuilder().load() is aio and AsyncIOBuilder().is_compatible()
 print("AsyncIOBuilder().load() ->", aio.__name__)
 PY
+
+NOTORCH_VENV="$VENV-wheel-notorch"
+say "the wheel with no torch installed at all ($NOTORCH_VENV: numpy only, no compiler)"
+if [ ! -x "$NOTORCH_VENV/bin/python" ] || ! "$NOTORCH_VENV/bin/python" -c 'import numpy' 2>/dev/null; then
+    "$PYTHON" -m venv "$NOTORCH_VENV"
+    CC=false CXX=false "$NOTORCH_VENV/bin/python" -m pip install -q --disable-pip-version-check numpy
+fi
+CC=false CXX=false "$NOTORCH_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    --no-deps --force-reinstall "$WHEEL"
+NOTORCH_DIR=$(mktemp -d "$ROOT/target/notorch.XXXXXX")
+env -u DEEPNVME_FRONTEND "$NOTORCH_VENV/bin/python" - "$NOTORCH_DIR" <<'PY'
+import importlib.util, mmap, os, sys
+import numpy as np
+assert importlib.util.find_spec("torch") is None, "torch is installed in the no-torch venv"
+import deepnvme
+assert deepnvme.load_op("async_io").__name__ == "deepnvme.frontend"
+import deepnvme.frontend as fe
+d = sys.argv[1]
+h = fe.aio_handle(block_size=8192, queue_depth=4, single_submit=False, overlap_events=True, intra_op_parallelism=2)
+locked = h.new_cpu_locked_tensor(1 << 20, np.zeros(0, dtype=np.float32))
+assert isinstance(locked, np.ndarray) and locked.dtype == np.float32 and h.is_pinned(locked)
+locked[:] = np.arange(locked.size, dtype=np.float32)
+assert h.sync_pwrite(locked, os.path.join(d, "a.bin")) == 1
+back = np.zeros_like(locked)
+assert h.async_pread(back, os.path.join(d, "a.bin")) == 0 and h.wait() == 1
+assert np.array_equal(back, locked)
+raw = bytearray(4096 * 3 + 100)
+raw[:] = os.urandom(len(raw))
+assert h.sync_pwrite(memoryview(raw), os.path.join(d, "b.bin")) == 1
+out = bytearray(len(raw))
+assert h.sync_pread(out, os.path.join(d, "b.bin")) == 1 and out == raw
+with mmap.mmap(-1, len(raw)) as m:
+    assert h.sync_pread(m, os.path.join(d, "b.bin")) == 1 and m[:] == raw
+try:
+    h.sync_pread(bytes(len(raw)), os.path.join(d, "b.bin"))
+    raise SystemExit("a read into read-only bytes was accepted")
+except TypeError as e:
+    assert "read-only" in str(e), e
+assert h.free_cpu_locked_tensor(locked) is True
+print("no torch installed: numpy, bytearray, memoryview and mmap round trips passed")
+PY
+rm -rf "$NOTORCH_DIR"
 
 say "pytest tests/python on the wheel (pyo3 front end)"
 env -u DEEPNVME_FRONTEND PATH="$WHEEL_VENV/bin:$PATH" "$WHEEL_VENV/bin/python" -m pytest tests/python -q \

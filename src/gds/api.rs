@@ -313,6 +313,28 @@ type FnHandleDeregister = unsafe extern "C" fn(CuFileHandle);
 type FnRead = unsafe extern "C" fn(CuFileHandle, *mut c_void, usize, libc::off_t, libc::off_t) -> isize;
 type FnWrite = unsafe extern "C" fn(CuFileHandle, *const c_void, usize, libc::off_t, libc::off_t) -> isize;
 type FnGetVersion = unsafe extern "C" fn(*mut c_int) -> CuFileStatus;
+type FnSetParamSize = unsafe extern "C" fn(c_int, usize) -> CuFileStatus;
+type FnSetParamBool = unsafe extern "C" fn(c_int, bool) -> CuFileStatus;
+type FnSetParamString = unsafe extern "C" fn(c_int, *const std::os::raw::c_char) -> CuFileStatus;
+
+// cufile.h's CUFileSizeTConfigParameter_t, CUFileBoolConfigParameter_t and
+// CUFileStringConfigParameter_t values (cuFile 1.14 and later).
+const CUFILE_PARAM_EXECUTION_MAX_IO_QUEUE_DEPTH: c_int = 1;
+const CUFILE_PARAM_EXECUTION_MAX_IO_THREADS: c_int = 2;
+const CUFILE_PARAM_EXECUTION_MIN_IO_THRESHOLD_SIZE_KB: c_int = 3;
+const CUFILE_PARAM_EXECUTION_MAX_REQUEST_PARALLELISM: c_int = 4;
+const CUFILE_PARAM_EXECUTION_PARALLEL_IO: c_int = 4;
+const CUFILE_PARAM_LOG_DIR: c_int = 2;
+
+/// cuFile's parameter API (`cuFileSetParameter*`, cuFile 1.14+): what the
+/// driver would read from a config file, set in-process before
+/// `cuFileDriverOpen`, so no environment variable has to be set.
+#[derive(Clone, Copy)]
+struct ParameterApi {
+    size: FnSetParamSize,
+    boolean: FnSetParamBool,
+    string: FnSetParamString,
+}
 
 /// libcufile, as far as GDS uses it.
 pub(crate) struct CuFileApi {
@@ -328,6 +350,7 @@ pub(crate) struct CuFileApi {
     read: FnRead,
     write: FnWrite,
     get_version: Option<FnGetVersion>,
+    parameters: Option<ParameterApi>,
 }
 
 /// The error for a failed cuFile call: its status, the CUDA error inside
@@ -357,6 +380,19 @@ impl CuFileApi {
             write: need(&lib, cufile, p, &["cuFileWrite"])?,
             // SAFETY: `CUfileError_t cuFileGetVersion(int *version)`.
             get_version: unsafe { function(&lib, "cuFileGetVersion") },
+            // SAFETY: cufile.h's `cuFileSetParameterSizeT(param, size_t)`,
+            // `cuFileSetParameterBool(param, bool)` and
+            // `cuFileSetParameterString(param, const char*)`; enums are ints.
+            parameters: unsafe {
+                match (
+                    function::<FnSetParamSize>(&lib, "cuFileSetParameterSizeT"),
+                    function::<FnSetParamBool>(&lib, "cuFileSetParameterBool"),
+                    function::<FnSetParamString>(&lib, "cuFileSetParameterString"),
+                ) {
+                    (Some(size), Some(boolean), Some(string)) => Some(ParameterApi { size, boolean, string }),
+                    _ => None,
+                }
+            },
             path,
             _lib: lib,
         })
@@ -386,6 +422,50 @@ impl CuFileApi {
         } else {
             Err(status_error(call, st, e, cuda))
         }
+    }
+
+    /// Sets what the driver reads from the `execution` section of a config
+    /// file, and its log directory, through the parameter API, before
+    /// `cuFileDriverOpen`. `Ok(false)`: this libcufile has no parameter API
+    /// (before 1.14), and the caller falls back to a config file.
+    pub fn set_parameters(
+        &self,
+        knobs: &crate::gds::config::DriverKnobs,
+        log_dir: &std::path::Path,
+        cuda: &CudaApi,
+    ) -> Result<bool, GdsError> {
+        let Some(api) = self.parameters else { return Ok(false) };
+        let sizes = [
+            (CUFILE_PARAM_EXECUTION_MAX_IO_QUEUE_DEPTH, "max_io_queue_depth", knobs.queue_depth),
+            (CUFILE_PARAM_EXECUTION_MAX_IO_THREADS, "max_io_threads", knobs.intra_op_parallelism),
+            (CUFILE_PARAM_EXECUTION_MAX_REQUEST_PARALLELISM, "max_request_parallelism", knobs.intra_op_parallelism),
+            (
+                CUFILE_PARAM_EXECUTION_MIN_IO_THRESHOLD_SIZE_KB,
+                "min_io_threshold_size_kb",
+                crate::gds::config::MIN_IO_THRESHOLD_SIZE_KB,
+            ),
+        ];
+        for (param, name, value) in sizes {
+            let call = format!("cuFileSetParameterSizeT({name}, {value})");
+            // SAFETY: an enum value and a size.
+            self.call_status(&call, || unsafe { (api.size)(param, value) }, Some(cuda))?;
+        }
+        let parallel_io = CUFILE_PARAM_EXECUTION_PARALLEL_IO;
+        // SAFETY: an enum value and a bool.
+        let set_parallel_io = || unsafe { (api.boolean)(parallel_io, true) };
+        self.call_status("cuFileSetParameterBool(parallel_io, true)", set_parallel_io, Some(cuda))?;
+        let dir = std::ffi::CString::new(log_dir.as_os_str().as_encoded_bytes()).map_err(|_| GdsError::Config {
+            action: "passing the cuFile log directory (it contains a NUL byte)",
+            path: log_dir.to_path_buf(),
+            source: std::sync::Arc::new(std::io::Error::from_raw_os_error(libc::EINVAL)),
+        })?;
+        // SAFETY: an enum value and a NUL-terminated string that outlives the call.
+        self.call_status(
+            &format!("cuFileSetParameterString(log_dir, {})", log_dir.display()),
+            || unsafe { (api.string)(CUFILE_PARAM_LOG_DIR, dir.as_ptr()) },
+            Some(cuda),
+        )?;
+        Ok(true)
     }
 
     /// `cuFileDriverOpen`. `Ok(true)`: opened; `Ok(false)`: someone else in

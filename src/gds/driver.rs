@@ -27,6 +27,10 @@ pub(crate) trait DriverOps: Registrar + Send + Sync {
     /// in the process), so it must not be closed by us.
     fn open(&self) -> Result<bool, GdsError>;
     fn set_max_direct_io_kb(&self, kb: usize) -> Result<(), GdsError>;
+    /// Sets the config through cuFile's parameter API (before `open`), with
+    /// cuFile's log in `log_dir`. `Ok(false)`: the library has none (cuFile
+    /// before 1.14); the config then goes through `CUFILE_ENV_PATH_JSON`.
+    fn set_parameters(&self, knobs: &DriverKnobs, log_dir: &std::path::Path) -> Result<bool, GdsError>;
     /// Releases per-device state, and closes the driver when `close_driver`.
     fn close(&self, close_driver: bool) -> Result<(), GdsError>;
 }
@@ -39,8 +43,10 @@ pub(crate) trait EnvAccess: Send + Sync {
 }
 
 /// The process environment. Setting a variable while other threads call
-/// `getenv` is racy in C; cuFile reads `CUFILE_ENV_PATH_JSON` in
-/// `cuFileDriverOpen`, so it must be set just before, as DeepSpeed did.
+/// `getenv` is racy in C (glibc may crash a concurrent getenv); it is only
+/// done where cuFile has no parameter API (before 1.14), and then just
+/// before `cuFileDriverOpen`, which reads `CUFILE_ENV_PATH_JSON`, as
+/// DeepSpeed did. With the parameter API the environment is never touched.
 pub(crate) struct ProcessEnv;
 
 impl EnvAccess for ProcessEnv {
@@ -201,10 +207,16 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
                 (None, None)
             }
             None => {
+                // The private directory holds cuFile's log either way (and
+                // the config file, read only through the fallback).
                 let cfg = ConfigDir::create(&(self.temp_base)(), &knobs)?;
-                let file = cfg.file().to_path_buf();
-                self.env.set(CUFILE_ENV_PATH_JSON, &file);
-                (Some(cfg), Some(file))
+                if self.ops.set_parameters(&knobs, cfg.dir())? {
+                    (Some(cfg), None)
+                } else {
+                    let file = cfg.file().to_path_buf();
+                    self.env.set(CUFILE_ENV_PATH_JSON, &file);
+                    (Some(cfg), Some(file))
+                }
             }
         };
         let mut session = Session { knobs, config, env_value, opened_by_us: false };
@@ -408,6 +420,10 @@ impl DriverOps for CuFileOps {
         let gpu = self.gpu()?;
         gpu.cufile.set_max_direct_io_size_kb(kb, &gpu.cuda)
     }
+    fn set_parameters(&self, knobs: &DriverKnobs, log_dir: &std::path::Path) -> Result<bool, GdsError> {
+        let gpu = self.gpu()?;
+        gpu.cufile.set_parameters(knobs, log_dir, &gpu.cuda)
+    }
     fn close(&self, close_driver: bool) -> Result<(), GdsError> {
         let gpu = self.gpu()?;
         let mut errors = Vec::new();
@@ -452,6 +468,8 @@ mod tests {
         already_open: Mutex<bool>,
         /// What CUFILE_ENV_PATH_JSON held when open() ran.
         env_at_open: Mutex<Option<Option<OsString>>>,
+        /// The library has cuFile's parameter API (1.14+).
+        parameter_api: bool,
         env: Mutex<Option<std::sync::Arc<FakeEnv>>>,
     }
 
@@ -493,6 +511,17 @@ mod tests {
                 None => Ok(!*self.already_open.lock()),
             }
         }
+        fn set_parameters(&self, knobs: &DriverKnobs, log_dir: &std::path::Path) -> Result<bool, GdsError> {
+            if self.parameter_api {
+                self.log.lock().push(format!(
+                    "parameters qd={} threads={} log_dir={}",
+                    knobs.queue_depth,
+                    knobs.intra_op_parallelism,
+                    log_dir.display()
+                ));
+            }
+            Ok(self.parameter_api)
+        }
         fn set_max_direct_io_kb(&self, kb: usize) -> Result<(), GdsError> {
             self.log.lock().push(format!("max_direct_io {kb}"));
             match self.fail_size.lock().clone() {
@@ -530,6 +559,34 @@ mod tests {
         let b = base.clone();
         let core = DriverCore::new(ops, env.clone(), Box::new(move || b.clone()));
         (core, env, base)
+    }
+
+    /// With cuFile's parameter API (1.14+) the knobs and the log directory
+    /// are set in-process before open, and the environment is never written
+    /// (setenv races a concurrent getenv in other threads: CUDA, NCCL, torch).
+    #[test]
+    fn the_parameter_api_configures_cufile_without_touching_the_environment() {
+        let base = std::env::temp_dir().join(format!("deepnvme-gds-driver-params-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        let env = std::sync::Arc::new(FakeEnv::default());
+        let ops = FakeOps { parameter_api: true, ..FakeOps::default() };
+        *ops.env.lock() = Some(env.clone());
+        let b = base.clone();
+        let core = DriverCore::new(ops, env.clone(), Box::new(move || b.clone()));
+        let knobs = DriverKnobs { queue_depth: 64, intra_op_parallelism: 2, block_size: 4 << 20 };
+        let g = core.acquire(knobs).unwrap();
+        assert_eq!(*core.ops.env_at_open.lock(), Some(None), "CUFILE_ENV_PATH_JSON was set");
+        assert_eq!(env.get(CUFILE_ENV_PATH_JSON), None);
+        let log = core.ops.log.lock().clone();
+        assert_eq!(log.len(), 3, "{log:?}");
+        assert!(log[0].starts_with("parameters qd=64 threads=2 log_dir="), "parameters before open: {log:?}");
+        let log_dir = PathBuf::from(log[0].split("log_dir=").nth(1).unwrap());
+        assert!(log_dir.starts_with(&base) && log_dir.is_dir(), "cuFile logs into our private directory");
+        assert_eq!(&log[1..], ["open".to_string(), "max_direct_io 4096".to_string()]);
+        drop(g);
+        assert!(!log_dir.exists(), "the private directory goes at close");
+        assert_eq!(env.get(CUFILE_ENV_PATH_JSON), None);
+        assert_eq!(entries(&base), 0);
     }
 
     fn entries(dir: &std::path::Path) -> usize {
