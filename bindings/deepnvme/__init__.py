@@ -265,7 +265,11 @@ def choose_frontend():
     why = _compiled_mismatch()
     if why is None:
         try:
-            for op in OPS:
+            # Only the ops deepnvme provides here: in a mix, importing
+            # deepnvme.async_io (or gds) would register pybind11 classes
+            # with the names DeepSpeed's own JIT-built module registers next
+            # ("generic_type: type aio_handle is already registered").
+            for op in provided_ops():
                 _load_compiled(op)
         except Exception as error:  # e.g. an undefined symbol from another torch
             why = f"importing them failed: {error}"

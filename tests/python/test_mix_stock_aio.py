@@ -196,3 +196,42 @@ def test_async_io_alone_implies_pin_memory():
     assert "OPS ('async_io', 'pin_memory')" in proc.stdout, proc.stdout
     assert "OPS2 ('pin_memory', 'gds')" in proc.stdout, proc.stdout
     assert "BAD" in proc.stdout and "libaio" in proc.stdout, proc.stdout
+
+
+CHECKS_BEFORE_STOCK_LOAD = r"""
+import os, sys
+import torch
+import deepnvme
+from deepspeed.ops.op_builder import AsyncIOBuilder, PinMemoryBuilder
+
+# What DeepSpeed's tests and ds_report do before any load: ask deepnvme.
+assert PinMemoryBuilder().is_compatible()
+print("front end:", deepnvme.choose_frontend())
+assert "deepnvme.async_io" not in sys.modules and "deepnvme.gds" not in sys.modules, \
+    "deepnvme imported a compiled op it does not provide here"
+aio = AsyncIOBuilder().load()  # DeepSpeed's own JIT module
+assert not aio.__name__.startswith("deepnvme"), aio
+h = aio.aio_handle(1 << 20, 8, False, False, 1)
+t = h.new_cpu_locked_tensor(1 << 20, torch.empty(0, dtype=torch.uint8))
+t.copy_(torch.randint(0, 256, (1 << 20,), dtype=torch.uint8))
+path = os.path.join(sys.argv[1], "x.bin")
+assert h.sync_pwrite(t, path) == 1
+back = torch.zeros(1 << 20, dtype=torch.uint8)
+assert h.sync_pread(back, path) == 1 and torch.equal(back, t)
+print("CHECKS-THEN-STOCK-OK")
+"""
+
+
+def test_deepnvme_checks_before_the_stock_load_do_not_collide_with_it(stock_aio_built, tmp_path):
+    """Asking deepnvme first (is_compatible, choose_frontend) must import only
+    the ops it provides: importing deepnvme.async_io registered pybind11's
+    "aio_handle" before DeepSpeed's own module did, which then failed to
+    import ("generic_type: type aio_handle is already registered!") -- every
+    case of DeepSpeed's own suite failed that way in this mix."""
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECKS_BEFORE_STOCK_LOAD, str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+        env={**{k: v for k, v in os.environ.items() if k not in ("DEEPNVME_OPS", "DEEPNVME_ENGINE",
+                                                                  "DEEPNVME_FRONTEND")}, **mix_env()},
+    )
+    assert proc.returncode == 0 and "CHECKS-THEN-STOCK-OK" in proc.stdout, proc.stdout + proc.stderr[-4000:]
