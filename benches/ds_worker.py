@@ -38,14 +38,9 @@ import sys
 import time
 
 
-def parse_size(s):
-    s = str(s).strip().lower()
-    mult = 1
-    for suf, m in (("k", 1 << 10), ("m", 1 << 20), ("g", 1 << 30), ("t", 1 << 40)):
-        if s.endswith(suf):
-            s, mult = s[:-1], m
-            break
-    return int(float(s) * mult)
+# The harness's own size parser (this script runs from benches/, so run.py is
+# importable; it imports only the standard library).
+from run import parse_size  # noqa: E402
 
 
 def cpu_seconds():

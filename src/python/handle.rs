@@ -14,6 +14,7 @@ use super::buffer::{describe, path_arg, py_err};
 use super::pinned::new_locked_object;
 use crate::deepspeed::{self, Handle, Request, Target};
 use crate::error::Direction;
+use crate::knobs;
 
 /// The handle and the knobs it was made with (what the getters return).
 pub(crate) struct Inner {
@@ -175,7 +176,13 @@ macro_rules! handle_class {
         #[pymethods]
         impl $rust {
             #[new]
-            #[pyo3(signature = (block_size = 1048576, queue_depth = 128, single_submit = false, overlap_events = false, intra_op_parallelism = 1))]
+            #[pyo3(signature = (
+                block_size = knobs::DEFAULT_BLOCK_SIZE as i64,
+                queue_depth = knobs::DEFAULT_QUEUE_DEPTH as i64,
+                single_submit = knobs::DEFAULT_SINGLE_SUBMIT,
+                overlap_events = knobs::DEFAULT_OVERLAP_EVENTS,
+                intra_op_parallelism = knobs::DEFAULT_INTRA_OP_PARALLELISM as i64,
+            ))]
             fn new(
                 py: Python<'_>,
                 block_size: i64,
