@@ -120,6 +120,12 @@ pub trait Staging: Send {
     fn current_extent(&self) -> Option<(usize, usize)> {
         None
     }
+    /// Whether `current_extent` answers (decided once, when the op is
+    /// prepared, without asking where the buffer is: a front end may need
+    /// its interpreter to answer that).
+    fn reports_extent(&self) -> bool {
+        self.current_extent().is_some()
+    }
     /// Whether the caller's memory is guaranteed to stay where it was given
     /// until the op finishes. Only then may the engines copy a bounced read
     /// into it block by block, before `wait()`. The default is `false`: a

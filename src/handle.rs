@@ -462,9 +462,14 @@ impl IoHandle {
     fn until_io_idle(&self, poll: Duration, between: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         loop {
             let deadline = Instant::now() + poll;
-            let ops: Vec<Arc<InFlight>> = self.pending.lock().iter().cloned().collect();
-            if ops.iter().all(|op| op.slices_done_by(deadline)) {
-                return Ok(());
+            // The first op still running, if any (no list copied per step).
+            loop {
+                let running = self.pending.lock().iter().find(|op| op.state.lock().remaining > 0).cloned();
+                match running {
+                    None => return Ok(()),
+                    Some(op) if op.slices_done_by(deadline) => continue,
+                    Some(_) => break,
+                }
             }
             between()?;
         }

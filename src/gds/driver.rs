@@ -210,7 +210,17 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
                 // The private directory holds cuFile's log either way (and
                 // the config file, read only through the fallback).
                 let cfg = ConfigDir::create(&(self.temp_base)(), &knobs)?;
-                if self.ops.set_parameters(&knobs, cfg.dir())? {
+                let by_parameters = self.ops.set_parameters(&knobs, cfg.dir()).unwrap_or_else(|e| {
+                    // E.g. the driver is already open (another library in
+                    // the process): cuFile then takes no parameters, and the
+                    // open below shares that driver as before.
+                    crate::log::info_once(
+                        "gds-parameter-api",
+                        &format!("cuFile's parameter API refused the config ({e}); using a config file instead"),
+                    );
+                    false
+                });
+                if by_parameters {
                     (Some(cfg), None)
                 } else {
                     let file = cfg.file().to_path_buf();
@@ -470,6 +480,8 @@ mod tests {
         env_at_open: Mutex<Option<Option<OsString>>>,
         /// The library has cuFile's parameter API (1.14+).
         parameter_api: bool,
+        /// ... and it refuses (say, the driver is already open).
+        fail_parameters: Mutex<Option<GdsError>>,
         env: Mutex<Option<std::sync::Arc<FakeEnv>>>,
     }
 
@@ -512,6 +524,9 @@ mod tests {
             }
         }
         fn set_parameters(&self, knobs: &DriverKnobs, log_dir: &std::path::Path) -> Result<bool, GdsError> {
+            if let Some(e) = self.fail_parameters.lock().clone() {
+                return Err(e);
+            }
             if self.parameter_api {
                 self.log.lock().push(format!(
                     "parameters qd={} threads={} log_dir={}",
@@ -587,6 +602,19 @@ mod tests {
         assert!(!log_dir.exists(), "the private directory goes at close");
         assert_eq!(env.get(CUFILE_ENV_PATH_JSON), None);
         assert_eq!(entries(&base), 0);
+    }
+
+    /// A parameter API that refuses is not a failed handle: the config goes
+    /// through the file, as without the API.
+    #[test]
+    fn a_refused_parameter_api_falls_back_to_the_config_file() {
+        let (core, env, _base) = setup("params-refused");
+        *core.ops.fail_parameters.lock() = Some(GdsError::Unavailable("driver already open".into()));
+        let g = core.acquire(DriverKnobs::DEFAULT).unwrap();
+        let file = core.config_file().expect("a config file was written");
+        assert_eq!(*core.ops.env_at_open.lock(), Some(Some(file.into_os_string())), "the env file was used");
+        drop(g);
+        assert_eq!(env.get(CUFILE_ENV_PATH_JSON), None);
     }
 
     fn entries(dir: &std::path::Path) -> usize {

@@ -178,7 +178,7 @@ impl CpuOp {
                 CopyOut::Staging
             } else if staging.memory_is_fixed() {
                 CopyOut::Piecewise
-            } else if staging.current_extent().is_some() {
+            } else if staging.reports_extent() {
                 CopyOut::AtFinish
             } else {
                 CopyOut::Staging

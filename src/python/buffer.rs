@@ -84,6 +84,10 @@ impl Staging for PyStaging {
         self.extent.is_none() && self.copier.is_none()
     }
 
+    fn reports_extent(&self) -> bool {
+        self.extent.is_some()
+    }
+
     fn current_extent(&self) -> Option<(usize, usize)> {
         let extent = self.extent.as_ref()?;
         // Asked with the GIL (the op's wait() released it). If the question
