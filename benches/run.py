@@ -594,7 +594,7 @@ def write_report(res, out):
         L.append("![is_managed](is_managed.png)")
         L.append("")
         L.append("`cargo run --release --example is_managed_bench` (examples/is_managed_bench.rs): "
-                 "`PinnedMemoryManager::is_managed` (a `BTreeMap` range lookup under a read lock) against a "
+                 "`PinnedMemoryManager::is_managed` (a page-index lookup under a read lock: one hash probe and at most one table load) against a "
                  "linear scan over the same regions under a mutex, as DeepSpeed's C++ `deepspeed_pin_tensor_t` "
                  "does; each region is a 1-byte allocation (one locked page). Hit: a random live region "
                  "(the scan stops at the match, N/2 entries on average); miss: an address in no region "

@@ -1,5 +1,5 @@
 //! Pinned-manager microbenchmark: `PinnedMemoryManager::is_managed` (a
-//! `BTreeMap` range lookup under a read lock) against the linear scan that
+//! page-index lookup under a read lock: a hash probe and one table load) against the linear scan that
 //! DeepSpeed's C++ `deepspeed_pin_tensor_t::is_managed` does (walk every
 //! recorded (base, bytes) allocation under a mutex until one holds the whole
 //! extent), over the very same live, mlock'ed regions.
@@ -147,7 +147,7 @@ fn main() {
     let max_map_count =
         std::fs::read_to_string("/proc/sys/vm/max_map_count").map(|s| s.trim().to_string()).unwrap_or_default();
     if !json {
-        println!("is_managed: deepnvme (BTreeMap range lookup, read lock) vs linear scan (mutex + Vec walk, as DeepSpeed's C++)");
+        println!("is_managed: deepnvme (page index: hash probe + table load, read lock) vs linear scan (mutex + Vec walk, as DeepSpeed's C++)");
         println!("{limit_note}; vm.max_map_count {max_map_count}; page {page} bytes; 1-byte regions (1 locked page each)");
         println!("{:>9} {:>14} {:>14} {:>14} {:>14} {:>13}", "regions", "deepnvme hit", "linear hit", "deepnvme miss", "linear miss", "linear/dn hit");
     }

@@ -3,9 +3,10 @@
 //! It hands out page-aligned, `mlock`ed regions and remembers each one, so
 //! that any buffer lying wholly inside a region (the region itself, a narrow,
 //! a view) is recognised as page-locked and can be used for O_DIRECT I/O
-//! without a bounce copy. Regions are kept in a `BTreeMap` keyed by base
-//! address, so `is_managed` is one O(log n) range lookup on the submission
-//! path instead of the C++ linear scan.
+//! without a bounce copy. Regions are kept by base address (a `BTreeMap`,
+//! for `free` and the totals) and by page (`pinned_index.rs`, a page-table-like
+//! index), so `is_managed` on the submission path is a hash probe and one
+//! table load whatever the number of regions, instead of the C++ linear scan.
 //!
 //! There is one manager per process ([`PinnedMemoryManager::shared`]): the
 //! Rust core is linked into a single shared object that every DeepSpeed
@@ -193,9 +194,62 @@ pub enum LockMode {
     Required,
 }
 
+/// The live regions, kept by base (to free by address, and for the totals)
+/// and by page (for the lookups on the submission path); always changed
+/// together.
+struct Registry {
+    by_base: BTreeMap<usize, Arc<Region>>,
+    by_page: PageIndex<Arc<Region>>,
+}
+
+impl Registry {
+    const fn new() -> Self {
+        Registry { by_base: BTreeMap::new(), by_page: PageIndex::new() }
+    }
+
+    fn insert(&mut self, region: Arc<Region>) {
+        self.by_page.insert(region.base, region.mapped, &region);
+        self.by_base.insert(region.base, region);
+    }
+
+    /// The region whose base is exactly `base`.
+    fn get(&self, base: usize) -> Option<&Arc<Region>> {
+        self.by_base.get(&base)
+    }
+
+    fn remove(&mut self, base: usize) -> Option<Arc<Region>> {
+        let region = self.by_base.remove(&base)?;
+        self.by_page.remove(region.base, region.mapped);
+        Some(region)
+    }
+
+    /// The region whose requested bytes hold all of `[ptr, ptr + len)`.
+    #[inline]
+    fn containing(&self, ptr: *const u8, len: usize) -> Option<&Arc<Region>> {
+        let start = ptr as usize;
+        let end = start.checked_add(len)?;
+        let fits = |r: &&Arc<Region>| r.base <= start && end <= r.base + r.requested;
+        match self.by_page.get(start).filter(fits) {
+            // An empty range at a region's very end sits on the page after it.
+            None if len == 0 && start > 0 => self.by_page.get(start - 1).filter(fits),
+            found => found,
+        }
+    }
+
+    /// The region whose requested bytes (at least its first byte) hold `p`.
+    fn holding(&self, p: usize) -> Option<&Arc<Region>> {
+        self.by_page.get(p).filter(|r| p < r.base + r.requested.max(1))
+    }
+
+    fn clear(&mut self) {
+        self.by_page = PageIndex::new();
+        self.by_base.clear();
+    }
+}
+
 /// Page-locked allocations, recognised by address range.
 pub struct PinnedMemoryManager {
-    regions: RwLock<BTreeMap<usize, Arc<Region>>>,
+    regions: RwLock<Registry>,
 }
 
 static SHARED: PinnedMemoryManager = PinnedMemoryManager::new();
@@ -209,7 +263,7 @@ impl Default for PinnedMemoryManager {
 impl PinnedMemoryManager {
     /// A private manager (tests, tools). DeepSpeed code uses [`Self::shared`].
     pub const fn new() -> Self {
-        PinnedMemoryManager { regions: RwLock::new(BTreeMap::new()) }
+        PinnedMemoryManager { regions: RwLock::new(Registry::new()) }
     }
 
     /// The one manager of this process.
@@ -229,7 +283,7 @@ impl PinnedMemoryManager {
         let (ptr, mapped) = buf.into_raw();
         let base = ptr.as_ptr() as usize;
         let region = Arc::new(Region { base, requested: bytes, mapped, owned });
-        self.regions.write().insert(base, region.clone());
+        self.regions.write().insert(region.clone());
         Ok(region)
     }
 
@@ -243,7 +297,7 @@ impl PinnedMemoryManager {
     /// its address cannot be handed out again and the pending I/O cannot
     /// land in a new allocation.
     pub fn free(&self, base: *const u8) -> bool {
-        let removed = self.regions.write().remove(&(base as usize));
+        let removed = self.regions.write().remove(base as usize);
         match removed {
             Some(r) => {
                 if r.owned {
@@ -269,37 +323,26 @@ impl PinnedMemoryManager {
         }
     }
 
-    /// The region that `[ptr, ptr + len)` lies wholly inside, if any.
-    fn find(regions: &BTreeMap<usize, Arc<Region>>, ptr: *const u8, len: usize) -> Option<&Arc<Region>> {
-        let start = ptr as usize;
-        let end = start.checked_add(len)?;
-        let (&base, r) = regions.range(..=start).next_back()?;
-        (end <= base + r.requested).then_some(r)
-    }
-
     /// True when `[ptr, ptr + len)` lies wholly inside one region.
     pub fn is_managed(&self, ptr: *const u8, len: usize) -> bool {
-        Self::find(&self.regions.read(), ptr, len).is_some()
+        self.regions.read().containing(ptr, len).is_some()
     }
 
     /// When `[ptr, ptr + len)` lies wholly inside one region: a hold that
     /// keeps that region mapped and locked until it is dropped, even if the
     /// region is freed meanwhile.
     pub(crate) fn hold(&self, ptr: *const u8, len: usize) -> Option<RegionHold> {
-        Self::find(&self.regions.read(), ptr, len).map(|r| RegionHold { _region: r.clone() })
+        self.regions.read().containing(ptr, len).map(|r| RegionHold { _region: r.clone() })
     }
 
     /// The base and requested size of the region containing `ptr`, if any.
     pub fn region_of(&self, ptr: *const u8) -> Option<(usize, usize)> {
-        let start = ptr as usize;
-        let regions = self.regions.read();
-        let (&base, r) = regions.range(..=start).next_back()?;
-        (start < base + r.requested.max(1)).then_some((base, r.requested))
+        self.regions.read().holding(ptr as usize).map(|r| (r.base, r.requested))
     }
 
     /// (number of regions, bytes requested, bytes locked).
     pub fn stats(&self) -> (usize, usize, usize) {
-        let regions = self.regions.read();
+        let regions = &self.regions.read().by_base;
         let requested = regions.values().map(|r| r.requested).sum();
         let mapped = regions.values().map(|r| r.mapped).sum();
         (regions.len(), requested, mapped)
@@ -309,6 +352,10 @@ impl PinnedMemoryManager {
 #[cfg(test)]
 #[path = "pinned_proptests.rs"]
 mod proptests;
+
+#[path = "pinned_index.rs"]
+mod index;
+use index::PageIndex;
 
 impl Drop for PinnedMemoryManager {
     fn drop(&mut self) {
@@ -345,7 +392,7 @@ impl LockedBuffer {
     /// Whether the process-wide manager still manages this memory (false
     /// once it was freed through the manager).
     pub fn is_managed(&self) -> bool {
-        PinnedMemoryManager::shared().regions.read().get(&self.region.base).is_some_and(|r| Arc::ptr_eq(r, &self.region))
+        PinnedMemoryManager::shared().regions.read().get(self.region.base).is_some_and(|r| Arc::ptr_eq(r, &self.region))
     }
 }
 
@@ -377,9 +424,9 @@ impl Drop for LockedBuffer {
         // the mapping goes with the last reference (this one, or an op's).
         let removed = {
             let mut regions = PinnedMemoryManager::shared().regions.write();
-            let ours = regions.get(&self.region.base).is_some_and(|r| Arc::ptr_eq(r, &self.region));
+            let ours = regions.get(self.region.base).is_some_and(|r| Arc::ptr_eq(r, &self.region));
             if ours {
-                regions.remove(&self.region.base)
+                regions.remove(self.region.base)
             } else {
                 None
             }
@@ -400,6 +447,24 @@ unsafe impl crate::buffer::IoBuffer for LockedBuffer {
 #[cfg(test)]
 mod locked_buffer_tests {
     use super::*;
+
+    #[test]
+    fn a_region_over_whole_2_mib_granules_is_found_anywhere_inside_and_nowhere_after_its_free() {
+        // Large enough to hold at least one whole 2 MiB granule wherever mmap puts it.
+        let len = (4 << 20) + 3 * page_size() + 17;
+        let manager = PinnedMemoryManager::new();
+        let base = manager.alloc(len).unwrap().as_ptr() as usize;
+        for offset in [0, 1, 2 << 20, (2 << 20) + 4095, len - 1] {
+            assert!(manager.is_managed((base + offset) as *const u8, len - offset), "offset {offset}");
+            assert_eq!(manager.region_of((base + offset) as *const u8), Some((base, len)));
+        }
+        assert!(manager.is_managed((base + len) as *const u8, 0), "the empty range at its end");
+        assert!(!manager.is_managed(base as *const u8, len + 1), "one byte past its end");
+        assert!(!manager.is_managed((base + len) as *const u8, 1));
+        assert!(manager.free(base as *const u8));
+        assert!(!manager.is_managed((base + (2 << 20)) as *const u8, 1));
+        assert_eq!(manager.region_of(base as *const u8), None);
+    }
 
     #[test]
     fn a_locked_buffer_freed_through_the_manager_stays_mapped_and_never_frees_a_newer_region() {
