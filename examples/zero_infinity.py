@@ -291,7 +291,7 @@ def deepnvme_counters():
         return None
     s = fn()
     get = (lambda k: s.get(k)) if isinstance(s, dict) else (lambda k: getattr(s, k, None))
-    return {k: get(k) for k in ("bytes_read", "bytes_written", "bounced_bytes")}
+    return {k: get(k) for k in ("ops", "bytes_read", "bytes_written", "bounced_bytes", "io_time_s")}
 
 
 def mib(n):
@@ -389,7 +389,8 @@ def train(args, on_engine=None):
         dn = None
         if dn0 is not None and dn1 is not None:
             dn = {k: (dn1[k] - dn0[k]) if dn1[k] is not None and dn0[k] is not None else None for k in dn1}
-            line += "  deepnvme: " + ", ".join(f"{k} {v}" for k, v in dn.items())
+            line += "  deepnvme: " + ", ".join(f"{k} {round(v, 4) if isinstance(v, float) else v}"
+                                               for k, v in dn.items())
         print(line, flush=True)
         result["losses"].append(value)
         result["step_seconds"].append(dt)

@@ -44,6 +44,10 @@ use crate::stats::{self, Counters, OpRecord, Stats};
 use crate::op::{CpuOp, OpRequest};
 use crate::pinned::PinnedMemoryManager;
 
+/// Completions finished under the handle's `serial` lock, to be dropped
+/// once it is let go (dropping one may release a tensor, which can take the GIL).
+type Finished = Vec<Box<dyn OpCompletion>>;
+
 /// An op in flight: the work the workers read, and the completion latch.
 struct InFlight {
     work: Arc<dyn OpWork>,
@@ -408,7 +412,8 @@ impl IoHandle {
     /// Builds the op for a request: contiguous CUDA buffers on a GDS handle
     /// go through cuFile; everything else through the CPU path (bouncing
     /// what cannot be used directly).
-    fn prepare(&self, request: OpRequest<'_>) -> Result<PreparedOp> {
+    /// `blocking`: see [`CpuOp::prepare`].
+    fn prepare(&self, request: OpRequest<'_>, blocking: bool) -> Result<PreparedOp> {
         match (&self.device_route, request.buffer.location()) {
             (DeviceRoute::Gds(gds), Location::Cuda(_)) if request.buffer.is_contiguous() => {
                 crate::gds::op::prepare(&gds.driver, request, gds.parallelism, gds.block_size)
@@ -420,7 +425,7 @@ impl IoHandle {
                 let parallelism = self.config.intra_op_parallelism;
                 let b = &request.buffer;
                 check_divisible(request.direction, b.len(), request.file_offset, &request.target, parallelism)?;
-                Ok(CpuOp::prepare(request, parallelism, self.config.transfer_knobs(), self.manager)?.into())
+                Ok(CpuOp::prepare(request, parallelism, self.config.transfer_knobs(), self.manager, blocking)?.into())
             }
         }
     }
@@ -431,7 +436,7 @@ impl IoHandle {
     /// until the op is finished.
     pub fn submit(&self, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
         self.check_process()?;
-        let op = self.prepare(request)?;
+        let op = self.prepare(request, !is_async)?;
         self.dispatch_prepared(op, is_async)
     }
 
@@ -448,11 +453,92 @@ impl IoHandle {
         }
         let (result, finished) = {
             let _serial = self.serial.lock();
-            self.dispatch(op);
-            self.wait_locked()
+            match self.run_inline(op) {
+                Ok(ran) => ran,
+                Err(op) => {
+                    self.dispatch(op);
+                    self.caller_entered();
+                    self.wait_locked()
+                }
+            }
         };
         drop(finished);
         result
+    }
+
+    /// A small blocking CPU op with nothing else pending runs here, on the
+    /// calling thread's turn, with the handle's inline engine (see
+    /// [`knobs::INLINE_MAX_BYTES`]); returns its result (1 op finished).
+    /// Anything else comes back to be dispatched. Called with `serial` held;
+    /// the finished completion is returned to be dropped after it is let go.
+    fn run_inline(&self, op: PreparedOp) -> std::result::Result<(Result<usize>, Finished), PreparedOp> {
+        if !op.meta.may_run_inline || op.meta.bytes > knobs::INLINE_MAX_BYTES as u64 || !self.pending.lock().is_empty()
+        {
+            return Err(op);
+        }
+        let started = Instant::now();
+        let PreparedOp { work, mut completion, meta } = op;
+        let outcome = {
+            let mut slot = self.inline_engine.lock();
+            let engine = slot
+                .get_or_insert_with(|| worker_engine(self.engine_kind, self.config.queue_depth, Submitter::AnyThread));
+            let mut outcome = Ok(());
+            for slice in 0..work.slice_count() {
+                let ran = catch_unwind(AssertUnwindSafe(|| work.run_slice(slice, engine.as_mut())));
+                let ran = ran.unwrap_or_else(|payload| {
+                    let _ = catch_unwind(AssertUnwindSafe(|| engine.quiesce()));
+                    let detail = format!("internal error (panic) in a transfer: {}", panic_text(&*payload));
+                    Err(work.slice_error(slice, detail))
+                });
+                if ran.is_err() {
+                    outcome = ran;
+                    break;
+                }
+            }
+            if outcome.is_err() || engine.is_broken() {
+                *slot = None; // not trusted with the next op
+            }
+            outcome
+        };
+        let result = completion.finish(outcome);
+        self.record(meta, result.is_ok(), started);
+        Ok((result.map(|()| 1), vec![completion]))
+    }
+
+    /// The caller's thread is in a call that waits for every pending op:
+    /// their bounced copies may run as their blocks complete.
+    fn caller_entered(&self) {
+        for op in self.pending_snapshot() {
+            if let Some(completion) = op.completion.lock().as_ref() {
+                completion.caller_entered();
+            }
+        }
+    }
+
+    /// The caller's thread leaves a wait early (interrupted), its ops still
+    /// in flight: nothing may touch their callers' memory until the next
+    /// wait (a bounced write copies in what it still needs first).
+    fn caller_left(&self) {
+        for op in self.pending_snapshot() {
+            if let Some(completion) = op.completion.lock().as_ref() {
+                completion.caller_left();
+            }
+        }
+    }
+
+    fn pending_snapshot(&self) -> Vec<Arc<InFlight>> {
+        self.pending.lock().iter().cloned().collect()
+    }
+
+    /// [`Self::until_io_idle`] for a caller in the call: on an early end
+    /// (interrupted), the ops' gates close before the error is returned.
+    fn until_io_idle_in_call(&self, poll: Duration, between: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.caller_entered();
+        let waited = self.until_io_idle(poll, between);
+        if waited.is_err() {
+            self.caller_left();
+        }
+        waited
     }
 
     /// Waits, in steps of `poll`, until the I/O of every op submitted so
@@ -488,12 +574,17 @@ impl IoHandle {
         between: &mut dyn FnMut() -> Result<()>,
     ) -> Result<usize> {
         self.check_process()?;
-        let op = self.prepare(request)?;
+        let op = self.prepare(request, true)?;
         let (result, finished) = {
             let _serial = self.serial.lock();
-            self.dispatch(op);
-            self.until_io_idle(poll, between)?;
-            self.wait_locked()
+            match self.run_inline(op) {
+                Ok(ran) => ran,
+                Err(op) => {
+                    self.dispatch(op);
+                    self.until_io_idle_in_call(poll, between)?;
+                    self.wait_locked()
+                }
+            }
         };
         drop(finished);
         result
@@ -505,7 +596,7 @@ impl IoHandle {
         self.check_process()?;
         let (result, finished) = {
             let _serial = self.serial.lock();
-            self.until_io_idle(poll, between)?;
+            self.until_io_idle_in_call(poll, between)?;
             self.wait_locked()
         };
         drop(finished);
@@ -608,6 +699,7 @@ impl IoHandle {
         self.check_process()?;
         let (result, finished) = {
             let _serial = self.serial.lock();
+            self.caller_entered();
             self.wait_locked()
         };
         drop(finished);
@@ -657,7 +749,7 @@ impl IoHandle {
     pub fn transfer_inline(&self, request: OpRequest<'_>) -> Result<()> {
         self.check_process()?;
         let started = Instant::now();
-        let mut op = CpuOp::prepare(request, 1, self.config.transfer_knobs(), self.manager)?;
+        let mut op = CpuOp::prepare(request, 1, self.config.transfer_knobs(), self.manager, true)?;
         let meta = op.meta();
         let plan = op.plan().clone();
         let outcome = {
@@ -683,7 +775,7 @@ impl IoHandle {
         config.validate()?;
         let kind = resolve_engine(config)?;
         let started = Instant::now();
-        let mut op = CpuOp::prepare(request, 1, config.transfer_knobs(), PinnedMemoryManager::shared())?;
+        let mut op = CpuOp::prepare(request, 1, config.transfer_knobs(), PinnedMemoryManager::shared(), true)?;
         let meta = op.meta();
         let plan = op.plan().clone();
         let outcome = with_thread_engine(kind, config.queue_depth, |engine| {

@@ -43,6 +43,12 @@ pub const GDS_MIN_BLOCK_SIZE: usize = 1024;
 /// How many times a transfer that keeps answering EAGAIN is resubmitted
 /// before it fails naming the errno (with a growing pause in between).
 pub const MAX_EAGAIN_RETRIES: u32 = 64;
+/// A blocking CPU op of at most this many bytes, with no other op pending,
+/// runs on the calling thread instead of going to a worker and back: the
+/// two thread hand-offs cost more than a small transfer (a 4 KiB
+/// `sync_pread` round trip is mostly them). Small enough to finish at once,
+/// so the call needs no signal polling.
+pub const INLINE_MAX_BYTES: usize = 256 << 10;
 /// How often a blocking wait called from Python looks for a pending signal
 /// (Ctrl-C), so that KeyboardInterrupt ends it promptly.
 pub const SIGNAL_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);

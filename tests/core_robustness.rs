@@ -112,3 +112,138 @@ fn a_bounced_read_into_memory_that_may_move_goes_through_its_staging_at_wait() {
         assert_bytes_eq(&dst, &data, "buffer after the read");
     }
 }
+
+/// A front end's staging for movable host memory that can say where the
+/// memory is now (the front ends' torch tensors): the engines may copy into
+/// it only while the caller is in a call on the op. `moved` makes it report
+/// another place (a tensor whose storage was swapped).
+struct TrackedHost {
+    ptr: *mut u8,
+    len: usize,
+    moved: Arc<AtomicBool>,
+}
+// SAFETY: the test keeps the memory alive until `wait()`.
+unsafe impl Send for TrackedHost {}
+impl Staging for TrackedHost {
+    fn copy_to_bounce(&mut self, _bounce: &mut [u8]) -> Result<()> {
+        panic!("contiguous host memory is copied by the core")
+    }
+    fn copy_from_bounce(&mut self, _bounce: &[u8]) -> Result<()> {
+        panic!("contiguous host memory is copied by the core")
+    }
+    fn current_extent(&self) -> Option<(usize, usize)> {
+        let moved = self.moved.load(Ordering::SeqCst);
+        Some((self.ptr as usize + if moved { 4096 } else { 0 }, self.len))
+    }
+}
+
+fn tracked_request<'a>(
+    direction: Direction,
+    path: &'a std::path::Path,
+    dst: &mut [u8],
+    moved: &Arc<AtomicBool>,
+) -> OpRequest<'a> {
+    let staging = TrackedHost { ptr: dst.as_mut_ptr(), len: dst.len(), moved: moved.clone() };
+    OpRequest {
+        direction,
+        target: FileTarget::Path(path),
+        file_offset: 0,
+        buffer: heap_desc(dst),
+        staging: Some(Box::new(staging)),
+        validate: false,
+    }
+}
+
+/// Memory at an odd address bounces (O_DIRECT needs alignment).
+fn unaligned(v: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    v.resize(len + 1, 0);
+    &mut v[1..]
+}
+
+/// An async bounced read into movable memory writes nothing into it before
+/// `wait()` (the caller may swap or free the storage until then), and all of
+/// it in `wait()`; a storage swapped before `wait()` gets nothing at all.
+#[test]
+fn an_async_bounced_read_touches_movable_memory_only_inside_wait() {
+    let dir = TempDir::new("gate-read");
+    let len = 8 << 20;
+    let data = pattern(31, len);
+    let path = dir.file("r.bin");
+    write_file(&path, &data);
+    for engine in engines() {
+        let h = handle_with(engine, 256 << 10, 8, false, true, 2);
+        for swap in [false, true] {
+            let mut backing = Vec::new();
+            let dst = unaligned(&mut backing, len);
+            dst.fill(0xEE);
+            let moved = Arc::new(AtomicBool::new(false));
+            assert_eq!(h.submit(tracked_request(Direction::Read, &path, dst, &moved), true).unwrap(), 0);
+            // Long enough for the whole read to complete in the device.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let untouched = dst.iter().all(|&b| b == 0xEE);
+            assert!(untouched, "{engine:?}: the read wrote into the caller's memory before wait()");
+            moved.store(swap, Ordering::SeqCst);
+            let waited = h.wait();
+            if swap {
+                assert!(waited.is_err(), "{engine:?}: a swapped buffer must fail its read");
+                assert!(dst.iter().all(|&b| b == 0xEE), "{engine:?}: a swapped buffer got bytes");
+            } else {
+                assert_eq!(waited.unwrap(), 1);
+                assert_bytes_eq(dst, &data, "buffer after wait()");
+            }
+        }
+    }
+}
+
+/// A blocking bounced write copies the caller's bytes in block by block
+/// while the call runs; when the call is interrupted (Ctrl-C in a front end)
+/// it first copies in everything not yet copied, so the caller may reuse
+/// its memory at once and the file still gets what was given.
+#[test]
+fn an_interrupted_blocking_write_writes_what_it_was_given() {
+    let dir = TempDir::new("gate-write");
+    let len = 32 << 20;
+    let data = pattern(41, len);
+    for engine in engines() {
+        let h = handle_with(engine, 64 << 10, 4, false, true, 2);
+        let path = dir.file(&format!("w-{engine:?}.bin"));
+        let mut backing = Vec::new();
+        let src = unaligned(&mut backing, len);
+        src.copy_from_slice(&data);
+        let moved = Arc::new(AtomicBool::new(false));
+        let req = tracked_request(Direction::Write, &path, src, &moved);
+        let mut interrupt = || Err(deepnvme::Error::Interrupted("test".into()));
+        let r = h.submit_blocking_with(req, std::time::Duration::ZERO, &mut interrupt);
+        assert!(r.is_err(), "{engine:?}: the write finished before the first poll; make it longer");
+        src.fill(0); // the caller reuses its memory as soon as the call returned
+        assert_eq!(h.wait().unwrap(), 1);
+        assert_bytes_eq(&read_file(&path), &data, "file after an interrupted write");
+    }
+}
+
+/// An interrupted blocking read stops writing into movable memory when the
+/// call returns; the next `wait()` delivers every byte.
+#[test]
+fn an_interrupted_blocking_read_leaves_movable_memory_alone_until_wait() {
+    let dir = TempDir::new("gate-read-int");
+    let len = 32 << 20;
+    let data = pattern(51, len);
+    let path = dir.file("r.bin");
+    write_file(&path, &data);
+    for engine in engines() {
+        let h = handle_with(engine, 64 << 10, 4, false, true, 2);
+        let mut backing = Vec::new();
+        let dst = unaligned(&mut backing, len);
+        dst.fill(0xEE);
+        let moved = Arc::new(AtomicBool::new(false));
+        let req = tracked_request(Direction::Read, &path, dst, &moved);
+        let mut interrupt = || Err(deepnvme::Error::Interrupted("test".into()));
+        let r = h.submit_blocking_with(req, std::time::Duration::ZERO, &mut interrupt);
+        assert!(r.is_err(), "{engine:?}: the read finished before the first poll; make it longer");
+        let at_return = dst.to_vec();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(dst == &at_return[..], "{engine:?}: bytes reached the caller's memory after the call returned");
+        assert_eq!(h.wait().unwrap(), 1);
+        assert_bytes_eq(dst, &data, "buffer after wait()");
+    }
+}

@@ -59,8 +59,12 @@ impl RunState {
     }
 }
 
-/// Moves one piece, then the bounce path's copy-out of a read.
+/// Moves one piece, with the bounce path's copy-in of a gated write before
+/// and copy-out of a read after.
 fn move_piece(direction: Direction, piece: &mut Piece, copy: Option<&BounceCopy>) -> Result<(), TransferError> {
+    if let Some(copy) = copy {
+        copy.before_submit(piece);
+    }
     move_piece_blocking(direction, piece)?;
     if let Some(copy) = copy {
         copy.after_complete(piece);
@@ -170,7 +174,7 @@ impl Engine for PsyncEngine {
         let pool = self.pool.get_or_insert_with(|| Pool::start(self.max_threads - 1));
         let state = Arc::new(RunState {
             direction,
-            copy: copy.copied(),
+            copy: copy.cloned(),
             pieces: all,
             next: AtomicUsize::new(0),
             failed: AtomicBool::new(false),

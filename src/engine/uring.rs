@@ -175,6 +175,9 @@ impl Engine for UringEngine {
         let mut in_flight = 0usize;
         let mut first_error: Option<TransferError> = None;
         let mut completions = std::mem::take(&mut self.reaped);
+        // Completed read pieces whose bytes go to the caller once the ring is
+        // topped up again, so the device works while they are copied.
+        let mut to_copy_out: Vec<Piece> = Vec::new();
 
         loop {
             // Fill: in batch mode only when the previous batch is fully done.
@@ -182,15 +185,29 @@ impl Engine for UringEngine {
             if may_fill {
                 while in_flight < depth {
                     let Some(piece) = todo.next() else { break };
+                    // A bounced write's bytes reach the bounce buffer block by
+                    // block; each block goes to the kernel as soon as it is
+                    // there, so the copy of the next overlaps its I/O.
+                    let copied_in = copy.is_some_and(|c| c.before_submit(&piece));
                     let slot = self.free_slots.pop().expect("free slot accounting");
                     self.slots[slot] = Some(piece);
                     self.push(direction, slot);
                     in_flight += 1;
-                    if knobs.single_submit {
+                    if knobs.single_submit || copied_in {
                         if let Err(errno) = self.submit_wait(0) {
                             return Err(self.abandon(in_flight, ring_error(errno)));
                         }
                     }
+                }
+            }
+            if let Some(copy) = copy.filter(|_| !to_copy_out.is_empty()) {
+                if in_flight > 0 {
+                    if let Err(errno) = self.submit_wait(0) {
+                        return Err(self.abandon(in_flight, ring_error(errno)));
+                    }
+                }
+                for piece in to_copy_out.drain(..) {
+                    copy.after_complete(&piece);
                 }
             }
             if in_flight == 0 {
@@ -213,8 +230,8 @@ impl Engine for UringEngine {
                 let mut piece = self.slots[slot].take().expect("completion for an empty slot");
                 match piece.complete(direction, res as i64) {
                     Ok(true) => {
-                        if let Some(copy) = copy {
-                            copy.after_complete(&piece);
+                        if copy.is_some() && direction == Direction::Read {
+                            to_copy_out.push(piece);
                         }
                         self.free_slots.push(slot);
                         in_flight -= 1;

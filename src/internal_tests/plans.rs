@@ -19,7 +19,8 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
     for par in 1..=4usize {
         let len = 12 * 4096 * 5;
         let buf = Pinned::new(len);
-        let op = CpuOp::prepare(request(Direction::Read, FileTarget::Path(&path), 8192, buf.desc()), par, knobs, m).unwrap();
+        let req = request(Direction::Read, FileTarget::Path(&path), 8192, buf.desc());
+        let op = CpuOp::prepare(req, par, knobs, m, true).unwrap();
         assert!(op.is_direct(), "pinned memory goes direct");
         let plan = op.plan();
         assert_eq!(plan.slices.len(), par);
@@ -48,6 +49,7 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
         1,
         Knobs { block_size: 1000, ..knobs },
         m,
+        true,
     )
     .unwrap();
     let s = &op.plan().slices[0];
@@ -58,7 +60,8 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
     drop(op);
     // Memory misaligned differently from the file offset cannot go direct:
     // the whole slice goes buffered (never a failing O_DIRECT request).
-    let op = CpuOp::prepare(request(Direction::Write, FileTarget::Path(&path), 1, buf.narrow(0, 10_000)), 1, knobs, m).unwrap();
+    let req = request(Direction::Write, FileTarget::Path(&path), 1, buf.narrow(0, 10_000));
+    let op = CpuOp::prepare(req, 1, knobs, m, true).unwrap();
     let s = &op.plan().slices[0];
     assert!(s.direct.is_empty() && s.buffered.len() == 1 && s.buffered[0].len == 10_000, "{s:?}");
     drop(op);
@@ -88,7 +91,7 @@ fn plans_cover_the_op_exactly_and_direct_segments_own_whole_pages() {
         let direction = if rng.range(0, 1) == 0 { Direction::Read } else { Direction::Write };
         let knobs = Knobs { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
         let req = request(direction, FileTarget::Path(&path), off as i64, region.narrow(skew, len));
-        let op = CpuOp::prepare(req, par, knobs, m).unwrap();
+        let op = CpuOp::prepare(req, par, knobs, m, true).unwrap();
         let plan = op.plan();
         let mut covered: Vec<(u64, u64)> = Vec::new();
         for s in &plan.slices {
@@ -147,14 +150,15 @@ fn pinned_memory_goes_direct_and_heap_memory_bounces() {
             continue;
         }
         for direction in [Direction::Read, Direction::Write] {
-            let op = CpuOp::prepare(request(direction, FileTarget::Path(&path), 0, buf), 1, knobs, m).unwrap();
+            let op = CpuOp::prepare(request(direction, FileTarget::Path(&path), 0, buf), 1, knobs, m, true).unwrap();
             assert_eq!(op.is_direct(), direct, "{what} {direction:?}");
             drop(op);
         }
     }
     // Non-contiguous or device memory without a copier is refused, not guessed at.
     for buf in [p.desc().contiguous(false), p.desc().located(Location::OtherDevice)] {
-        let e = CpuOp::prepare(request(Direction::Write, FileTarget::Path(&path), 0, buf), 1, knobs, m).err().unwrap();
+        let req = request(Direction::Write, FileTarget::Path(&path), 0, buf);
+        let e = CpuOp::prepare(req, 1, knobs, m, true).err().unwrap();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     }
     // A bounced write leaves the caller's memory alone; a bounced read

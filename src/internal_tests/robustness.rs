@@ -59,6 +59,66 @@ fn a_panicking_slice_fails_its_op_without_hanging_the_handle() {
     }
 }
 
+/// Records the thread each slice ran on.
+struct ThreadRecordingWork(Arc<parking_lot::Mutex<Vec<std::thread::ThreadId>>>);
+
+impl OpWork for ThreadRecordingWork {
+    fn slice_count(&self) -> usize {
+        2
+    }
+    fn run_slice(&self, _index: usize, _engine: &mut dyn Engine) -> Result<()> {
+        self.0.lock().push(std::thread::current().id());
+        Ok(())
+    }
+    fn slice_error(&self, index: usize, detail: String) -> Error {
+        Error::Engine(format!("slice {index}: {detail}"))
+    }
+}
+
+/// A small blocking op with nothing pending runs on the calling thread (no
+/// hand-off to a worker and back); a large one, or one queued behind an
+/// async op, goes to the workers; a panic in an inline run fails the op and
+/// the next op still runs.
+#[test]
+fn small_blocking_ops_run_on_the_calling_thread_and_the_rest_on_workers() {
+    use crate::op::work::OpMeta;
+    let me = std::thread::current().id();
+    for engine in engines() {
+        let h = handle_with(engine, 4096, 4, false, true, 2);
+        let meta = |bytes: usize| OpMeta { bytes: bytes as u64, may_run_inline: true, ..Default::default() };
+        let most = crate::knobs::INLINE_MAX_BYTES;
+        let cases = [(4096, false, true), (most, false, true), (most + 1, false, false), (4096, true, false)];
+        for (bytes, is_async_first, inline) in cases {
+            let finished = Arc::new(AtomicUsize::new(0));
+            if is_async_first {
+                let threads = Arc::new(parking_lot::Mutex::new(Vec::new()));
+                let work = Arc::new(ThreadRecordingWork(threads));
+                let op = PreparedOp { work, completion: Box::new(CountFinish(finished.clone())), meta: meta(bytes) };
+                assert_eq!(h.dispatch_prepared(op, true).unwrap(), 0);
+            }
+            let threads = Arc::new(parking_lot::Mutex::new(Vec::new()));
+            let work = Arc::new(ThreadRecordingWork(threads.clone()));
+            let op = PreparedOp { work, completion: Box::new(CountFinish(finished.clone())), meta: meta(bytes) };
+            let counted = h.dispatch_prepared(op, false).unwrap();
+            assert_eq!(counted, 1 + usize::from(is_async_first), "{engine:?} {bytes}: ops counted");
+            assert_eq!(finished.load(Ordering::SeqCst), counted, "{engine:?} {bytes}: each finished once");
+            let ran_here = threads.lock().iter().all(|t| *t == me);
+            assert_eq!(threads.lock().len(), 2, "{engine:?} {bytes}: every slice ran");
+            assert_eq!(ran_here, inline, "{engine:?} {bytes} (async op pending: {is_async_first}): where it ran");
+        }
+        let finished = Arc::new(AtomicUsize::new(0));
+        let completion = Box::new(CountFinish(finished.clone()));
+        let op = PreparedOp { work: Arc::new(PanickingWork), completion, meta: meta(4096) };
+        let err = h.dispatch_prepared(op, false).expect_err("the panicking inline op must fail");
+        assert!(err.to_string().contains("injected panic in slice 1"), "{err}");
+        assert_eq!(finished.load(Ordering::SeqCst), 1);
+        let threads = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let work = Arc::new(ThreadRecordingWork(threads.clone()));
+        let op = PreparedOp { work, completion: Box::new(CountFinish(finished)), meta: meta(4096) };
+        assert_eq!(h.dispatch_prepared(op, false).unwrap(), 1, "{engine:?}: the handle works after an inline panic");
+    }
+}
+
 /// A slice that blocks until released, to hold a blocking call open.
 struct GatedWork {
     started: Arc<AtomicBool>,
@@ -140,12 +200,12 @@ impl OpWork for PanicMidRun {
     fn run_slice(&self, _index: usize, engine: &mut dyn Engine) -> Result<()> {
         let seg = crate::engine::Segment { fd: self.fd, file_offset: 0, addr: self.mem as *mut u8, len: self.len };
         let knobs = crate::engine::Knobs { block_size: 1 << 20, queue_depth: 32, single_submit: false, overlap_events: true };
-        let bad = crate::staging::BounceCopy {
+        let bad = crate::staging::BounceCopy::Fixed(crate::staging::CopyRange {
             direction: crate::Direction::Read,
             bounce: self.mem + self.len + 1,
             caller: self.mem,
             len: self.len,
-        };
+        });
         engine.run_with(crate::Direction::Read, &[seg], &knobs, Some(&bad)).map_err(Error::from)
     }
     fn slice_error(&self, index: usize, detail: String) -> Error {

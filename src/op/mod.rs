@@ -26,7 +26,7 @@ use crate::engine::Knobs;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{FileTarget, OpenFile};
 use crate::pinned::{page_size, PinnedMemoryManager, RegionHold};
-use crate::staging::{BounceCopy, StagingBuffer};
+use crate::staging::{BounceCopy, CallerGate, CopyRange, StagingBuffer};
 use checks::{check_file_offset, check_read_extent, report_validation};
 use plan::{OpPlan, BUFFERED_FD_PLACEHOLDER};
 use work::{OpCompletion, OpMeta, PreparedOp};
@@ -67,7 +67,9 @@ enum IoMemory {
     /// and file offsets share their alignment and O_DIRECT can still be used
     /// for an unaligned offset. A write copies the whole buffer in when it
     /// is submitted (DeepSpeed's semantics: the caller may reuse its tensor
-    /// as soon as an async write returns); a read copies out as `copy_out` says.
+    /// as soon as an async write returns), or block by block behind a
+    /// [`CallerGate`] when the caller blocks in the call; a read copies out
+    /// as `copy_out` says.
     Bounce { buffer: StagingBuffer, skew: usize, staging: Box<dyn Staging>, copy_out: CopyOut },
 }
 
@@ -79,10 +81,11 @@ enum CopyOut {
     /// device's work on the next blocks (the plan's `bounce_copy`).
     Piecewise,
     /// Contiguous host memory a front end may move (a torch tensor can have
-    /// its storage swapped or resized while the op is in flight): one copy,
-    /// with several threads, in `wait()` once the buffer is known not to
-    /// have moved.
-    AtFinish,
+    /// its storage swapped or resized while the op is in flight): the
+    /// engines copy each block out as it completes while the caller is in a
+    /// call on the op (a blocking read, or `wait()` once the buffer is known
+    /// not to have moved), behind the op's [`CallerGate`].
+    Gated,
     /// Device or strided memory, or host memory whose front end can neither
     /// promise it stays put nor say where it is: the front end's `Staging`
     /// copies it, at wait().
@@ -101,6 +104,9 @@ pub(crate) struct CpuOp {
     validate: bool,
     /// The caller's buffer as the op was given it (address, bytes).
     given: (usize, usize),
+    /// When the engines copy to or from movable caller memory: the gate
+    /// that lets them only while the caller is in a call on the op.
+    gate: Option<Arc<CallerGate>>,
 }
 
 // SAFETY: `io_ptr` points at memory this op keeps alive (its bounce buffer,
@@ -120,11 +126,17 @@ impl CpuOp {
     /// for a write), checks a read against the file's size, and plans slices
     /// (one planning pass; the buffered descriptor is opened only when the
     /// plan has buffered segments).
+    ///
+    /// `blocking`: the caller's thread stays in the call until the op
+    /// finishes (or the call is interrupted, which closes the op's gate), so
+    /// the engines may copy a bounced op's bytes block by block, overlapping
+    /// the copies with the I/O.
     pub fn prepare(
         request: OpRequest<'_>,
         parallelism: usize,
         knobs: Knobs,
         manager: &PinnedMemoryManager,
+        blocking: bool,
     ) -> Result<CpuOp> {
         let OpRequest { direction, target, file_offset, buffer, staging, validate } = request;
         let file_offset = check_file_offset(file_offset, &target)?;
@@ -140,6 +152,7 @@ impl CpuOp {
         // directly at all.
         let region = if buffer.is_host() && buffer.is_contiguous() { manager.hold(buffer.ptr(), buffer.len()) } else { None };
         let direct = buffer.is_host() && buffer.is_contiguous() && (buffer.is_declared_pinned() || region.is_some());
+        let mut gate = None;
         let memory = if direct {
             IoMemory::Direct { _keep_alive: staging, _region: region }
         } else {
@@ -160,7 +173,16 @@ impl CpuOp {
             let skew = (file_offset % page_size() as u64) as usize;
             let mut bounce = StagingBuffer::take(skew + len)?;
             let host = buffer.is_host() && buffer.is_contiguous();
-            if direction == Direction::Write {
+            let range = CopyRange {
+                direction,
+                bounce: bounce.as_ptr() as usize + skew,
+                caller: buffer.ptr() as usize,
+                len,
+            };
+            if direction == Direction::Write && host && blocking {
+                // Copied in block by block by the engines (see `CallerGate`).
+                gate = Some(Arc::new(CallerGate::new(range, true)));
+            } else if direction == Direction::Write {
                 let dst = &mut bounce.slice_mut(skew + len)[skew..];
                 if host {
                     // SAFETY: BufferDesc's contract: `len` valid bytes at ptr.
@@ -179,23 +201,27 @@ impl CpuOp {
             } else if staging.memory_is_fixed() {
                 CopyOut::Piecewise
             } else if staging.reports_extent() {
-                CopyOut::AtFinish
+                CopyOut::Gated
             } else {
                 CopyOut::Staging
             };
+            if direction == Direction::Read && copy_out == CopyOut::Gated {
+                gate = Some(Arc::new(CallerGate::new(range, blocking)));
+            }
             IoMemory::Bounce { buffer: bounce, skew, staging, copy_out }
         };
         let (io_ptr, bounce_copy) = match &memory {
             IoMemory::Direct { .. } => (buffer.ptr(), None),
             IoMemory::Bounce { buffer: bounce, skew, copy_out, .. } => {
                 let io_ptr = bounce.as_ptr().wrapping_add(*skew);
-                let piecewise = direction == Direction::Read && *copy_out == CopyOut::Piecewise;
-                let copy = piecewise.then_some(BounceCopy {
-                    direction,
-                    bounce: io_ptr as usize,
-                    caller: buffer.ptr() as usize,
-                    len,
-                });
+                let copy = match &gate {
+                    Some(gate) => Some(BounceCopy::Gated(gate.clone())),
+                    None if direction == Direction::Read && *copy_out == CopyOut::Piecewise => {
+                        let caller = buffer.ptr() as usize;
+                        Some(BounceCopy::Fixed(CopyRange { direction, bounce: io_ptr as usize, caller, len }))
+                    }
+                    None => None,
+                };
                 (io_ptr, copy)
             }
         };
@@ -220,7 +246,7 @@ impl CpuOp {
             bounce_copy,
         });
         let given = (buffer.ptr() as usize, len);
-        Ok(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate, given })
+        Ok(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate, given, gate })
     }
 
     pub fn plan(&self) -> &Arc<OpPlan> {
@@ -239,6 +265,7 @@ impl CpuOp {
             direction: Some(self.plan.direction),
             bytes,
             bounced_bytes: if self.is_direct() { 0 } else { bytes },
+            may_run_inline: true,
         }
     }
 
@@ -308,6 +335,22 @@ impl From<CpuOp> for PreparedOp {
 }
 
 impl OpCompletion for CpuOp {
+    fn caller_entered(&self) {
+        // A read is let in only if its buffer is still where it was given
+        // (else `finish` reports the swap and copies nothing).
+        if let Some(gate) = &self.gate {
+            if self.plan.direction == Direction::Read && self.check_buffer_not_swapped().is_ok() {
+                gate.open();
+            }
+        }
+    }
+
+    fn caller_left(&self) {
+        if let Some(gate) = &self.gate {
+            gate.close();
+        }
+    }
+
     /// Completes the op once every slice has run: reports the first slice
     /// error, else validates (if asked) and copies a bounced read back.
     /// Dropping `self` then closes the op's descriptors and frees the bounce.
@@ -331,12 +374,9 @@ impl OpCompletion for CpuOp {
                 let bytes = &buffer.slice(*skew + self.len)[*skew..];
                 match copy_out {
                     CopyOut::Piecewise => {}
-                    CopyOut::AtFinish => {
-                        // SAFETY: the buffer has not moved (checked above), and
-                        // its `len` bytes are the caller's, unused until wait() returns.
-                        let dst = unsafe { std::slice::from_raw_parts_mut(self.given.0 as *mut u8, self.len) };
-                        crate::staging::parallel_copy(dst, bytes);
-                    }
+                    // The buffer has not moved (checked above): what completed
+                    // while the caller was out of the call is copied now.
+                    CopyOut::Gated => self.gate.as_ref().expect("a gated read has a gate").open(),
                     CopyOut::Staging => staging.copy_from_bounce(bytes)?,
                 }
             }

@@ -27,6 +27,12 @@ pub(crate) trait OpCompletion: Send {
     /// handle's locks: dropping it may release a torch tensor, which can
     /// take the GIL.
     fn finish(&mut self, outcome: Result<()>) -> Result<()>;
+    /// The caller is now in a call on the op (a blocking call, or `wait()`):
+    /// the op may copy into the caller's memory as its blocks complete.
+    fn caller_entered(&self) {}
+    /// The caller leaves the call with the op still in flight (an
+    /// interrupted wait): from now on nothing may touch its memory.
+    fn caller_left(&self) {}
 }
 
 /// What an op moves, for the handle's statistics.
@@ -37,6 +43,10 @@ pub(crate) struct OpMeta {
     pub bytes: u64,
     /// Bytes copied through a bounce buffer.
     pub bounced_bytes: u64,
+    /// A blocking op of at most [`crate::knobs::INLINE_MAX_BYTES`] may run
+    /// on the calling thread when nothing else is pending (CPU ops only:
+    /// the hand-off to a worker and back costs more than a small transfer).
+    pub may_run_inline: bool,
 }
 
 /// An op ready to be dispatched.
