@@ -32,6 +32,8 @@ mod config;
 mod dl;
 mod driver;
 mod error;
+mod fd_handles;
+mod piece_pool;
 mod probe;
 mod registry;
 mod transfer;

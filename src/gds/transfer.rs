@@ -1,18 +1,20 @@
 //! One GDS transfer (`gds_op_desc_t::run` without torch): the file handle is
 //! registered for the op and deregistered when it ends; the bytes are split
 //! into up to `parallelism` pieces, each moved by one `cuFileRead` /
-//! `cuFileWrite` on its own thread with the device's primary context
-//! current; every return value is checked and short counts are resubmitted.
+//! `cuFileWrite` on a thread of the piece pool (`piece_pool.rs`, kept across
+//! transfers) with the device's primary context current; every return value
+//! is checked and short counts are resubmitted.
 
-use std::collections::BTreeMap;
 use std::os::fd::RawFd;
 
 use super::api::{cufile_op_errno, cufile_op_error_name, CuFileHandle, CUFILEOP_BASE_ERR};
 use super::driver::{Ctx, CurrentContext};
 use super::error::GdsError;
+use super::fd_handles::FdRegistrations;
+use super::piece_pool;
 use super::probe::Gpu;
 use super::registry::RegionMap;
-use crate::error::{catch_unwind_text, errno_text, Direction, Error, Result, TransferError};
+use crate::error::{errno_text, Direction, Error, Result, TransferError};
 use crate::file::{access_allows, fd_flags};
 
 /// Piece boundaries inside a transfer fall on multiples of this, so that a
@@ -193,15 +195,8 @@ struct SharedHandle(CuFileHandle);
 unsafe impl Send for SharedHandle {}
 unsafe impl Sync for SharedHandle {}
 
-/// cuFile handles of the fds that transfers in flight use, with how many
-/// transfers use each. cuFile refuses to register one fd twice
-/// (`CU_FILE_HANDLE_ALREADY_REGISTERED`), and two transfers through one
-/// caller-owned fd may run at once (`async_pwrite(buffer, fd)`), so they
-/// share one registration; the last one to finish deregisters it. An entry
-/// lives only while a transfer runs, when the caller must keep the fd open,
-/// so a reused fd number never meets a stale handle.
-static FILE_HANDLES: parking_lot::Mutex<BTreeMap<RawFd, (SharedHandle, usize)>> =
-    parking_lot::Mutex::new(BTreeMap::new());
+/// cuFile handles of the fds that transfers in flight use (see `fd_handles.rs`).
+static FILE_HANDLES: FdRegistrations<SharedHandle> = FdRegistrations::new();
 
 /// One transfer's use of a registered fd; dropping it ends the use.
 struct FileHandle<'a> {
@@ -212,44 +207,29 @@ struct FileHandle<'a> {
 
 impl<'a> FileHandle<'a> {
     fn acquire(gpu: &'a Gpu, fd: RawFd) -> std::result::Result<FileHandle<'a>, GdsError> {
-        let mut map = FILE_HANDLES.lock();
-        if let Some((h, users)) = map.get_mut(&fd) {
-            *users += 1;
-            return Ok(FileHandle { gpu, fd, handle: *h });
-        }
-        let h = SharedHandle(gpu.cufile.handle_register(fd, &gpu.cuda)?);
-        map.insert(fd, (h, 1));
-        Ok(FileHandle { gpu, fd, handle: h })
+        let handle = FILE_HANDLES.acquire(fd, || gpu.cufile.handle_register(fd, &gpu.cuda).map(SharedHandle))?;
+        Ok(FileHandle { gpu, fd, handle })
     }
 }
 
 impl Drop for FileHandle<'_> {
     fn drop(&mut self) {
-        let mut map = FILE_HANDLES.lock();
-        let last = match map.get_mut(&self.fd) {
-            Some((_, users)) => {
-                *users -= 1;
-                *users == 0
-            }
-            None => false,
-        };
-        if last {
-            map.remove(&self.fd);
-            self.gpu.cufile.handle_deregister(self.handle.0);
-        }
+        FILE_HANDLES.release(self.fd, |h| self.gpu.cufile.handle_deregister(h.0));
     }
 }
 
-struct PieceJob<'a> {
-    gpu: &'a Gpu,
-    t: &'a GdsTransfer,
+/// What every piece of one transfer needs; shared with the pool's threads.
+#[derive(Clone, Copy)]
+struct PieceJob {
+    gpu: &'static Gpu,
+    t: GdsTransfer,
     handle: SharedHandle,
     base: u64,
     buf_offset: u64,
     registered: bool,
 }
 
-impl PieceJob<'_> {
+impl PieceJob {
     fn run(&self, piece: Piece) -> std::result::Result<(), TransferError> {
         let write = self.t.direction == Direction::Write;
         let call = if write { "cuFileWrite" } else { "cuFileRead" };
@@ -312,10 +292,23 @@ fn gds_failure(t: &GdsTransfer, errno: i32, detail: String) -> Error {
     })
 }
 
+/// A piece of `t` that failed for a reason of its own (no cuFile status).
+fn piece_error_of(t: &GdsTransfer, piece: &Piece, detail: String) -> TransferError {
+    TransferError {
+        direction: t.direction,
+        path: None,
+        fd: t.fd,
+        file_offset: t.file_offset + piece.offset as u64,
+        len: piece.len,
+        errno: libc::EIO,
+        detail: Some(detail),
+    }
+}
+
 /// Runs `t` (already validated, with a driver open). `regions` is held
 /// read-locked by the caller for the whole run.
 pub(crate) fn run(
-    gpu: &Gpu,
+    gpu: &'static Gpu,
     ctx: Ctx,
     regions: &RegionMap,
     t: &GdsTransfer,
@@ -352,48 +345,32 @@ pub(crate) fn run(
             return Err(gds_failure(t, libc::EIO, format!("{e}{hint}")));
         }
     };
-    let job = PieceJob { gpu, t, handle: handle.handle, base, buf_offset, registered };
+    let job = PieceJob { gpu, t: *t, handle: handle.handle, base, buf_offset, registered };
     let pieces = plan_pieces(t.len, parallelism, block_size);
-    let piece_error = |piece: &Piece, detail: String| TransferError {
-        direction: t.direction,
-        path: None,
-        fd: t.fd,
-        file_offset: t.file_offset + piece.offset as u64,
-        len: piece.len,
-        errno: libc::EIO,
-        detail: Some(detail),
-    };
+    let piece_error = |piece: &Piece, detail: String| piece_error_of(t, piece, detail);
     let result = if pieces.len() == 1 {
         job.run(pieces[0])
     } else {
-        let outcomes: Vec<std::result::Result<(), TransferError>> = std::thread::scope(|s| {
-            let workers: Vec<_> = pieces
-                .iter()
-                .enumerate()
-                .map(|(i, &piece)| {
-                    let (job, piece_error) = (&job, &piece_error);
-                    std::thread::Builder::new().name(format!("deepnvme-gds-{i}")).spawn_scoped(s, move || {
-                        catch_unwind_text(|| {
-                            // Each worker needs the device's context current (a new thread has none).
-                            if let Err(e) = gpu.cuda.set_current(ctx.raw()) {
-                                return Err(piece_error(&piece, e.to_string()));
-                            }
-                            job.run(piece)
-                        })
-                        .unwrap_or_else(|panic| Err(piece_error(&piece, GdsError::Internal(panic).to_string())))
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .zip(&pieces)
-                .map(|(w, piece)| match w {
-                    Ok(h) => h.join().unwrap_or_else(|_| Err(piece_error(piece, "a GDS worker thread panicked".into()))),
-                    // Could not spawn: run the piece here instead.
-                    Err(_) => job.run(*piece),
-                })
-                .collect()
-        });
+        // On the pool's threads, all at once (each piece is one blocking cuFile call).
+        type PieceOutcome = std::result::Result<(), TransferError>;
+        let tasks: Vec<piece_pool::PieceTask<PieceOutcome>> = pieces
+            .iter()
+            .map(|&piece| {
+                let raw_ctx = ctx;
+                Box::new(move || {
+                    // A pool thread needs the device's context current (a new thread has none).
+                    if let Err(e) = job.gpu.cuda.set_current(raw_ctx.raw()) {
+                        return Err(piece_error_of(&job.t, &piece, e.to_string()));
+                    }
+                    job.run(piece)
+                }) as piece_pool::PieceTask<PieceOutcome>
+            })
+            .collect();
+        let outcomes: Vec<PieceOutcome> = piece_pool::run_all(tasks)
+            .into_iter()
+            .zip(&pieces)
+            .map(|(r, piece)| r.unwrap_or_else(|panic| Err(piece_error(piece, GdsError::Internal(panic).to_string()))))
+            .collect();
         let mut errors = outcomes.into_iter().filter_map(|r| r.err());
         match errors.next() {
             None => Ok(()),
