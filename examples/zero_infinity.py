@@ -291,7 +291,7 @@ def deepnvme_counters():
         return None
     s = fn()
     get = (lambda k: s.get(k)) if isinstance(s, dict) else (lambda k: getattr(s, k, None))
-    return {k: get(k) for k in ("ops", "bytes_read", "bytes_written", "bounced_bytes", "io_time_s")}
+    return {k: get(k) for k in ("ops", "bytes_read", "bytes_written", "bounced_bytes", "io_time_s", "wait_time_s")}
 
 
 def mib(n):

@@ -451,7 +451,7 @@ impl IoHandle {
             self.dispatch(op);
             return Ok(0);
         }
-        let (result, finished) = {
+        let (result, finished) = self.waiting(|| {
             let _serial = self.serial.lock();
             match self.run_inline(op) {
                 Ok(ran) => ran,
@@ -461,7 +461,7 @@ impl IoHandle {
                     self.wait_locked()
                 }
             }
-        };
+        });
         drop(finished);
         result
     }
@@ -575,17 +575,17 @@ impl IoHandle {
     ) -> Result<usize> {
         self.check_process()?;
         let op = self.prepare(request, true)?;
-        let (result, finished) = {
+        let (result, finished) = self.waiting(|| -> Result<_> {
             let _serial = self.serial.lock();
-            match self.run_inline(op) {
+            Ok(match self.run_inline(op) {
                 Ok(ran) => ran,
                 Err(op) => {
                     self.dispatch(op);
                     self.until_io_idle_in_call(poll, between)?;
                     self.wait_locked()
                 }
-            }
-        };
+            })
+        })?;
         drop(finished);
         result
     }
@@ -594,11 +594,11 @@ impl IoHandle {
     /// them; see [`IoHandle::submit_blocking_with`].
     pub fn wait_with(&self, poll: Duration, between: &mut dyn FnMut() -> Result<()>) -> Result<usize> {
         self.check_process()?;
-        let (result, finished) = {
+        let (result, finished) = self.waiting(|| -> Result<_> {
             let _serial = self.serial.lock();
             self.until_io_idle_in_call(poll, between)?;
-            self.wait_locked()
-        };
+            Ok(self.wait_locked())
+        })?;
         drop(finished);
         result
     }
@@ -697,13 +697,24 @@ impl IoHandle {
     /// Waits for every pending op, finishes each, and returns how many.
     pub fn wait(&self) -> Result<usize> {
         self.check_process()?;
-        let (result, finished) = {
+        let (result, finished) = self.waiting(|| {
             let _serial = self.serial.lock();
             self.caller_entered();
             self.wait_locked()
-        };
+        });
         drop(finished);
         result
+    }
+
+    /// Runs a call that blocks for I/O, counting the time it took as time
+    /// the caller waited (see `Stats::wait_time`).
+    fn waiting<T>(&self, call: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let out = call();
+        let waited = started.elapsed();
+        self.counters.record_wait(waited);
+        stats::process_counters().record_wait(waited);
+        out
     }
 
     /// Finishes every pending op in order. Returns the count (or the first
@@ -764,6 +775,8 @@ impl IoHandle {
         };
         let result = op.finish(outcome);
         self.record(meta, result.is_ok(), started);
+        self.counters.record_wait(started.elapsed());
+        stats::process_counters().record_wait(started.elapsed());
         result
     }
 
@@ -782,6 +795,7 @@ impl IoHandle {
             run_guarded(&plan, engine)
         });
         let result = op.finish(outcome);
+        stats::process_counters().record_wait(started.elapsed());
         stats::process_counters().record(&OpRecord {
             direction: meta.direction,
             bytes: meta.bytes,

@@ -1,6 +1,7 @@
 //! What the core did, counted per handle and per process: ops, bytes read
 //! and written, bytes that went through a bounce buffer, failed ops, time
-//! spent in I/O, and a latency histogram (p50/p99 per op).
+//! spent in I/O, time callers spent blocked waiting for it, and a latency
+//! histogram (p50/p99 per op).
 //!
 //! Counting is a handful of relaxed atomic adds per op (not per block), so
 //! it costs nothing measurable next to the I/O itself. An op's latency runs
@@ -36,6 +37,7 @@ pub(crate) struct Counters {
     bytes_written: AtomicU64,
     bounced_bytes: AtomicU64,
     io_nanos: AtomicU64,
+    wait_nanos: AtomicU64,
     latency: [AtomicU64; BUCKETS],
 }
 
@@ -53,6 +55,10 @@ pub struct Stats {
     pub bounced_bytes: u64,
     /// Sum of the ops' latencies.
     pub io_time: Duration,
+    /// Time callers spent blocked in calls that wait for I/O (`wait()`,
+    /// `sync_*`, other blocking calls): the part of a training step that
+    /// waited on the disk.
+    pub wait_time: Duration,
     /// Median op latency (upper bound of its histogram bucket), if any op finished.
     pub p50: Option<Duration>,
     /// 99th-percentile op latency (upper bound of its bucket).
@@ -70,6 +76,7 @@ impl Counters {
             bytes_written: ZERO,
             bounced_bytes: ZERO,
             io_nanos: ZERO,
+            wait_nanos: ZERO,
             latency: [ZERO; BUCKETS],
         }
     }
@@ -90,6 +97,13 @@ impl Counters {
         self.record_latency(r.latency);
     }
 
+    /// A caller was blocked for `waited` in a call that waits for I/O
+    /// (`wait()`, a `sync_*` or other blocking call).
+    pub(crate) fn record_wait(&self, waited: Duration) {
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
     fn record_latency(&self, latency: Duration) {
         let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
         self.io_nanos.fetch_add(nanos, Ordering::Relaxed);
@@ -105,6 +119,7 @@ impl Counters {
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             bounced_bytes: self.bounced_bytes.load(Ordering::Relaxed),
             io_time: Duration::from_nanos(self.io_nanos.load(Ordering::Relaxed)),
+            wait_time: Duration::from_nanos(self.wait_nanos.load(Ordering::Relaxed)),
             p50: quantile(&hist, 0.50),
             p99: quantile(&hist, 0.99),
         }
@@ -171,13 +186,15 @@ impl std::fmt::Display for Stats {
         let us = |d: Option<Duration>| d.map(|d| format!("{} us", d.as_micros())).unwrap_or_else(|| "-".into());
         write!(
             f,
-            "{} ops ({} failed), read {:.3} GB, wrote {:.3} GB, bounced {:.3} GB, I/O time {:.3} s, p50 < {}, p99 < {}",
+            "{} ops ({} failed), read {:.3} GB, wrote {:.3} GB, bounced {:.3} GB, I/O time {:.3} s, \
+             waited {:.3} s, p50 < {}, p99 < {}",
             self.ops,
             self.failed_ops,
             gb(self.bytes_read),
             gb(self.bytes_written),
             gb(self.bounced_bytes),
             self.io_time.as_secs_f64(),
+            self.wait_time.as_secs_f64(),
             us(self.p50),
             us(self.p99)
         )

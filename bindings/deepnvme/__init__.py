@@ -55,8 +55,9 @@ def stats():
     """What deepnvme did in this process, over every handle and front end:
     a dict with ops, failed_ops, bytes_read, bytes_written, bounced_bytes
     (bytes that went through a bounce buffer because the memory was not
-    page-locked), io_time_s, p50_us and p99_us (per-op latency). Set
-    DEEPNVME_STATS=1 to print it on stderr at exit."""
+    page-locked), io_time_s (sum of op latencies), wait_time_s (time
+    callers were blocked in calls waiting for I/O), p50_us and p99_us
+    (per-op latency). Set DEEPNVME_STATS=1 to print it on stderr at exit."""
     return native().stats()
 
 

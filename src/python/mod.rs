@@ -191,7 +191,7 @@ fn gds_environment(py: Python<'_>) -> PyResult<String> {
 
 /// The process's I/O statistics (every handle, every front end): a dict of
 /// ops, failed_ops, bytes_read, bytes_written, bounced_bytes, io_time_s,
-/// p50_us and p99_us (None before the first op).
+/// wait_time_s, p50_us and p99_us (None before the first op).
 #[pyfunction]
 fn stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     let s = crate::stats::process();
@@ -202,6 +202,7 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     d.set_item("bytes_written", s.bytes_written)?;
     d.set_item("bounced_bytes", s.bounced_bytes)?;
     d.set_item("io_time_s", s.io_time.as_secs_f64())?;
+    d.set_item("wait_time_s", s.wait_time.as_secs_f64())?;
     d.set_item("p50_us", s.p50.map(|v| v.as_micros() as u64))?;
     d.set_item("p99_us", s.p99.map(|v| v.as_micros() as u64))?;
     Ok(d)

@@ -40,6 +40,34 @@ def test_plain_tensors_are_counted_as_bounced(aio, tmp_path):
     assert s["p50_us"] is not None and s["p99_us"] >= s["p50_us"] and s["io_time_s"] > 0
 
 
+def test_wait_time_counts_only_time_blocked_in_calls(aio, tmp_path):
+    """wait_time_s is the time callers spent blocked in deepnvme calls: a
+    blocking write counts about its whole duration; an async write whose
+    I/O ended while the caller slept counts almost nothing at wait() (its
+    io_time_s, from dispatch to finish, includes the sleep)."""
+    import time
+    h = aio.aio_handle(1 << 20, 32, False, True, 1)
+    buf = h.new_cpu_locked_tensor(8 << 20, torch.empty(0, dtype=torch.uint8))
+    path = str(tmp_path / "wait.bin")
+    before = deepnvme.stats()
+    t0 = time.perf_counter()
+    assert h.sync_pwrite(buf, path) == 1
+    call = time.perf_counter() - t0
+    waited = deepnvme.stats()["wait_time_s"] - before["wait_time_s"]
+    assert 0.5 * call <= waited <= call + 0.01, (waited, call)
+
+    before = deepnvme.stats()
+    assert h.async_pwrite(buf, path) == 0
+    time.sleep(0.5)
+    assert h.wait() == 1
+    after = deepnvme.stats()
+    waited = after["wait_time_s"] - before["wait_time_s"]
+    io_time = after["io_time_s"] - before["io_time_s"]
+    assert io_time >= 0.5, io_time
+    assert waited < 0.25, (waited, io_time)
+    h.free_cpu_locked_tensor(buf)
+
+
 def test_a_failed_transfer_is_counted(aio, tmp_path):
     h = aio.aio_handle()
     path = tmp_path / "ro.bin"
