@@ -18,6 +18,7 @@
 //!   at once for memory that cannot move, and for memory that can (a torch
 //!   tensor) only while the caller is in a call on the op ([`CallerGate`]);
 //!   what completed before is copied when the caller enters `wait()`.
+//!
 //! So the copies are spread over the workers and hidden behind the device's
 //! work on the next blocks.
 
@@ -192,7 +193,7 @@ impl CopyRange {
     /// # Safety
     /// The range lies inside both buffers, no I/O is moving those bounce
     /// bytes, and the caller's memory is valid and unused meanwhile.
-    unsafe fn to_caller(&self, off: usize, len: usize) {
+    unsafe fn copy_to_caller(&self, off: usize, len: usize) {
         debug_assert!(off + len <= self.len);
         // SAFETY: the function's contract.
         unsafe { copy_streaming((self.caller + off) as *mut u8, (self.bounce + off) as *const u8, len) };
@@ -201,8 +202,8 @@ impl CopyRange {
     /// The caller's bytes `off..off+len` into the bounce buffer (a write).
     ///
     /// # Safety
-    /// As [`Self::to_caller`].
-    unsafe fn from_caller(&self, off: usize, len: usize) {
+    /// As [`Self::copy_to_caller`].
+    unsafe fn copy_from_caller(&self, off: usize, len: usize) {
         debug_assert!(off + len <= self.len);
         // SAFETY: the function's contract.
         unsafe { copy_streaming((self.bounce + off) as *mut u8, (self.caller + off) as *const u8, len) };
@@ -212,7 +213,7 @@ impl CopyRange {
     /// several threads when there is much to copy.
     ///
     /// # Safety
-    /// As [`Self::to_caller`], for every range.
+    /// As [`Self::copy_to_caller`], for every range.
     unsafe fn copy_ranges(&self, ranges: &[(usize, usize)]) {
         const PER_THREAD: usize = 8 << 20;
         let total: usize = ranges.iter().map(|r| r.1).sum();
@@ -221,8 +222,8 @@ impl CopyRange {
             for &(off, len) in part {
                 match self.direction {
                     // SAFETY: the function's contract.
-                    Direction::Read => unsafe { self.to_caller(off, len) },
-                    Direction::Write => unsafe { self.from_caller(off, len) },
+                    Direction::Read => unsafe { self.copy_to_caller(off, len) },
+                    Direction::Write => unsafe { self.copy_from_caller(off, len) },
                 }
             }
         };
@@ -338,7 +339,7 @@ impl CallerGate {
                         let start = c * GATE_CHUNK;
                         // SAFETY: the chunk is ours (claimed), unsubmitted, and
                         // the caller is in the call (else `close` copied it).
-                        unsafe { self.range.from_caller(start, GATE_CHUNK.min(self.range.len - start)) };
+                        unsafe { self.range.copy_from_caller(start, GATE_CHUNK.min(self.range.len - start)) };
                         claim.copied();
                         break;
                     }
@@ -355,7 +356,7 @@ impl CallerGate {
         let _shared = self.access.read();
         if self.open.load(Ordering::Acquire) {
             // SAFETY: the range completed, and the caller is in the call.
-            unsafe { self.range.to_caller(off, len) };
+            unsafe { self.range.copy_to_caller(off, len) };
         } else {
             self.deferred.lock().push((off, len));
         }
@@ -428,7 +429,7 @@ impl BounceCopy {
             // SAFETY: the piece lies inside the bounce buffer, which the op
             // owns, and the kernel is done with it; the caller's range is in
             // step with it and cannot move until the op finishes.
-            BounceCopy::Fixed(r) => unsafe { r.to_caller(off, piece.len) },
+            BounceCopy::Fixed(r) => unsafe { r.copy_to_caller(off, piece.len) },
             BounceCopy::Gated(g) => g.completed(off, piece.len),
         }
     }
