@@ -26,10 +26,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use std::time::Duration;
 
 use crate::buffer::{BufferDesc, IoBuffer, Location, Staging};
 use crate::config::HandleConfig;
@@ -478,28 +477,7 @@ impl IoHandle {
         }
         let started = Instant::now();
         let PreparedOp { work, mut completion, meta } = op;
-        let outcome = {
-            let mut slot = self.inline_engine.lock();
-            let engine = slot
-                .get_or_insert_with(|| worker_engine(self.engine_kind, self.config.queue_depth, Submitter::AnyThread));
-            let mut outcome = Ok(());
-            for slice in 0..work.slice_count() {
-                let ran = catch_unwind(AssertUnwindSafe(|| work.run_slice(slice, engine.as_mut())));
-                let ran = ran.unwrap_or_else(|payload| {
-                    let _ = catch_unwind(AssertUnwindSafe(|| engine.quiesce()));
-                    let detail = format!("internal error (panic) in a transfer: {}", panic_text(&*payload));
-                    Err(work.slice_error(slice, detail))
-                });
-                if ran.is_err() {
-                    outcome = ran;
-                    break;
-                }
-            }
-            if outcome.is_err() || engine.is_broken() {
-                *slot = None; // not trusted with the next op
-            }
-            outcome
-        };
+        let outcome = self.run_on_inline_engine(work.as_ref());
         let result = completion.finish(outcome);
         self.record(meta, result.is_ok(), started);
         Ok((result.map(|()| 1), vec![completion]))
@@ -759,25 +737,29 @@ impl IoHandle {
     /// thread (always through the CPU path, bouncing device memory).
     pub fn transfer_inline(&self, request: OpRequest<'_>) -> Result<()> {
         self.check_process()?;
-        let started = Instant::now();
-        let mut op = CpuOp::prepare(request, 1, self.config.transfer_knobs(), self.manager, true)?;
-        let meta = op.meta();
-        let plan = op.plan().clone();
-        let outcome = {
-            let mut slot = self.inline_engine.lock();
-            let engine = slot
-                .get_or_insert_with(|| worker_engine(self.engine_kind, self.config.queue_depth, Submitter::AnyThread));
-            let outcome = run_guarded(&plan, engine.as_mut());
-            if engine.is_broken() {
-                *slot = None;
-            }
-            outcome
-        };
-        let result = op.finish(outcome);
-        self.record(meta, result.is_ok(), started);
-        self.counters.record_wait(started.elapsed());
-        stats::process_counters().record_wait(started.elapsed());
-        result
+        self.waiting(|| {
+            let started = Instant::now();
+            let mut op = CpuOp::prepare(request, 1, self.config.transfer_knobs(), self.manager, true)?;
+            let meta = op.meta();
+            let plan = op.plan().clone();
+            let outcome = self.run_on_inline_engine(plan.as_ref());
+            let result = op.finish(outcome);
+            self.record(meta, result.is_ok(), started);
+            result
+        })
+    }
+
+    /// Runs every slice of `work` on the calling thread with the handle's
+    /// inline engine (made on first use, replaced once it cannot be trusted).
+    fn run_on_inline_engine(&self, work: &dyn OpWork) -> Result<()> {
+        let mut slot = self.inline_engine.lock();
+        let engine =
+            slot.get_or_insert_with(|| worker_engine(self.engine_kind, self.config.queue_depth, Submitter::AnyThread));
+        let outcome = run_guarded(work, engine.as_mut());
+        if engine.is_broken() {
+            *slot = None;
+        }
+        outcome
     }
 
     /// One unsplit synchronous transfer on the calling thread with `config`'s
@@ -792,7 +774,7 @@ impl IoHandle {
         let meta = op.meta();
         let plan = op.plan().clone();
         let outcome = with_thread_engine(kind, config.queue_depth, |engine| {
-            run_guarded(&plan, engine)
+            run_guarded(plan.as_ref(), engine)
         });
         let result = op.finish(outcome);
         stats::process_counters().record_wait(started.elapsed());
@@ -860,16 +842,20 @@ impl IoHandle {
     }
 }
 
-/// Runs an unsplit op's one slice on the calling thread. A panic fails the
-/// op, after the engine has stopped moving its bytes (and is then replaced).
-fn run_guarded(plan: &crate::op::plan::OpPlan, engine: &mut dyn Engine) -> Result<()> {
-    match catch_unwind(AssertUnwindSafe(|| plan.run_slice(0, engine).map_err(Error::from))) {
-        Ok(outcome) => outcome,
-        Err(payload) => {
-            let _ = catch_unwind(AssertUnwindSafe(|| engine.quiesce()));
-            Err(Error::Engine(format!("internal error (panic) in a transfer: {}", panic_text(&*payload))))
+/// Runs an op's slices in order on the calling thread, stopping at the
+/// first error. A panic fails the op, after the engine has stopped moving
+/// its bytes (a ring is then marked broken, and replaced by its owner).
+fn run_guarded(work: &dyn OpWork, engine: &mut dyn Engine) -> Result<()> {
+    for slice in 0..work.slice_count() {
+        match catch_unwind(AssertUnwindSafe(|| work.run_slice(slice, engine))) {
+            Ok(outcome) => outcome?,
+            Err(payload) => {
+                let _ = catch_unwind(AssertUnwindSafe(|| engine.quiesce()));
+                return Err(Error::Engine(format!("internal error (panic) in a transfer: {}", panic_text(&*payload))));
+            }
         }
     }
+    Ok(())
 }
 
 /// The calling thread's engine for one-shot transfers: (process, kind, queue

@@ -39,6 +39,9 @@ pub const GDS_MIN_IO_THRESHOLD_SIZE_KB: usize = 8192;
 /// The smallest GDS block size: cuFile's max direct-I/O size is
 /// `block_size / 1024` KiB, which must be at least 1.
 pub const GDS_MIN_BLOCK_SIZE: usize = 1024;
+/// The most threads the GDS piece pool starts (each runs one blocking cuFile
+/// call at a time); pieces past that wait for a thread.
+pub const GDS_MAX_PIECE_THREADS: usize = 64;
 
 /// How many times a transfer that keeps answering EAGAIN is resubmitted
 /// before it fails naming the errno (with a growing pause in between).

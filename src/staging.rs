@@ -150,30 +150,39 @@ unsafe fn copy_streaming_sse2(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
-/// Copies `src` into `dst` (same length), with several threads when it is
-/// large: one thread copies about 5–10 GB/s, a fraction of what the memory
-/// and a fast drive sustain.
-pub(crate) fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+/// How many threads a copy of `bytes` is worth: one per 8 MiB, at most 8
+/// and the CPUs (one thread copies about 5–10 GB/s, a fraction of what the
+/// memory and a fast drive sustain).
+fn copy_threads(bytes: usize) -> usize {
     const PER_THREAD: usize = 8 << 20;
-    let n = dst.len().min(src.len());
-    let threads = std::thread::available_parallelism().map_or(1, |v| v.get()).min(8).min(n / PER_THREAD).max(1);
-    // SAFETY: two slices of equal length; a &mut never overlaps a &.
-    let copy = |d: &mut [u8], s_: &[u8]| unsafe { copy_streaming(d.as_mut_ptr(), s_.as_ptr(), d.len().min(s_.len())) };
-    if threads == 1 {
-        copy(&mut dst[..n], &src[..n]);
-        return;
+    std::thread::available_parallelism().map_or(1, |v| v.get()).min(8).min(bytes / PER_THREAD).max(1)
+}
+
+/// Runs `copy` on every part, the first on the calling thread and the
+/// others on scoped threads of their own.
+fn copy_parts<P: Send>(parts: impl IntoIterator<Item = P>, copy: impl Fn(P) + Sync) {
+    let mut parts = parts.into_iter().peekable();
+    let Some(first) = parts.next() else { return };
+    if parts.peek().is_none() {
+        return copy(first); // one part: no thread
     }
-    let chunk = n.div_ceil(threads);
     std::thread::scope(|s| {
-        let mut rest = dst[..n].chunks_mut(chunk).zip(src[..n].chunks(chunk));
-        let first = rest.next();
-        for (d, s_) in rest {
-            s.spawn(move || copy(d, s_));
+        for part in parts {
+            let copy = &copy;
+            s.spawn(move || copy(part));
         }
-        if let Some((d, s_)) = first {
-            copy(d, s_);
-        }
+        copy(first);
     });
+}
+
+/// Copies `src` into `dst` (same length), with several threads when it is
+/// large.
+pub(crate) fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+    let n = dst.len().min(src.len());
+    let chunk = n.div_ceil(copy_threads(n)).max(1);
+    // SAFETY: two slices of equal length; a &mut never overlaps a &.
+    let copy = |(d, s_): (&mut [u8], &[u8])| unsafe { copy_streaming(d.as_mut_ptr(), s_.as_ptr(), d.len()) };
+    copy_parts(dst[..n].chunks_mut(chunk).zip(src[..n].chunks(chunk)), copy);
 }
 
 /// The caller's side of a bounced op over contiguous host memory, in step
@@ -215,30 +224,15 @@ impl CopyRange {
     /// # Safety
     /// As [`Self::copy_to_caller`], for every range.
     unsafe fn copy_ranges(&self, ranges: &[(usize, usize)]) {
-        const PER_THREAD: usize = 8 << 20;
         let total: usize = ranges.iter().map(|r| r.1).sum();
-        let threads = std::thread::available_parallelism().map_or(1, |v| v.get()).min(8).min(total / PER_THREAD).max(1);
-        let run = |part: &[(usize, usize)]| {
+        let per_thread = ranges.len().div_ceil(copy_threads(total)).max(1);
+        copy_parts(ranges.chunks(per_thread), |part| {
             for &(off, len) in part {
                 match self.direction {
                     // SAFETY: the function's contract.
                     Direction::Read => unsafe { self.copy_to_caller(off, len) },
                     Direction::Write => unsafe { self.copy_from_caller(off, len) },
                 }
-            }
-        };
-        if threads == 1 {
-            run(ranges);
-            return;
-        }
-        std::thread::scope(|s| {
-            let mut parts = ranges.chunks(ranges.len().div_ceil(threads));
-            let first = parts.next();
-            for part in parts {
-                s.spawn(move || run(part));
-            }
-            if let Some(part) = first {
-                run(part);
             }
         });
     }

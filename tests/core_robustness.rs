@@ -160,6 +160,16 @@ fn unaligned(v: &mut Vec<u8>, len: usize) -> &mut [u8] {
     &mut v[1..]
 }
 
+/// Submits a blocking op over movable memory whose call is interrupted at
+/// its first poll (as Ctrl-C does in a front end): the op stays in flight.
+fn submit_interrupted_at_once(h: &deepnvme::IoHandle, direction: Direction, path: &std::path::Path, memory: &mut [u8]) {
+    let moved = Arc::new(AtomicBool::new(false));
+    let req = tracked_request(direction, path, memory, &moved);
+    let mut interrupt = || Err(deepnvme::Error::Interrupted("test".into()));
+    let r = h.submit_blocking_with(req, std::time::Duration::ZERO, &mut interrupt);
+    assert!(r.is_err(), "the {direction:?} finished before the first poll; make it longer");
+}
+
 /// An async bounced read into movable memory writes nothing into it before
 /// `wait()` (the caller may swap or free the storage until then), and all of
 /// it in `wait()`; a storage swapped before `wait()` gets nothing at all.
@@ -210,11 +220,7 @@ fn an_interrupted_blocking_write_writes_what_it_was_given() {
         let mut backing = Vec::new();
         let src = unaligned(&mut backing, len);
         src.copy_from_slice(&data);
-        let moved = Arc::new(AtomicBool::new(false));
-        let req = tracked_request(Direction::Write, &path, src, &moved);
-        let mut interrupt = || Err(deepnvme::Error::Interrupted("test".into()));
-        let r = h.submit_blocking_with(req, std::time::Duration::ZERO, &mut interrupt);
-        assert!(r.is_err(), "{engine:?}: the write finished before the first poll; make it longer");
+        submit_interrupted_at_once(&h, Direction::Write, &path, src);
         src.fill(0); // the caller reuses its memory as soon as the call returned
         assert_eq!(h.wait().unwrap(), 1);
         assert_bytes_eq(&read_file(&path), &data, "file after an interrupted write");
@@ -235,11 +241,7 @@ fn an_interrupted_blocking_read_leaves_movable_memory_alone_until_wait() {
         let mut backing = Vec::new();
         let dst = unaligned(&mut backing, len);
         dst.fill(0xEE);
-        let moved = Arc::new(AtomicBool::new(false));
-        let req = tracked_request(Direction::Read, &path, dst, &moved);
-        let mut interrupt = || Err(deepnvme::Error::Interrupted("test".into()));
-        let r = h.submit_blocking_with(req, std::time::Duration::ZERO, &mut interrupt);
-        assert!(r.is_err(), "{engine:?}: the read finished before the first poll; make it longer");
+        submit_interrupted_at_once(&h, Direction::Read, &path, dst);
         let at_return = dst.to_vec();
         std::thread::sleep(std::time::Duration::from_millis(300));
         assert!(dst == &at_return[..], "{engine:?}: bytes reached the caller's memory after the call returned");

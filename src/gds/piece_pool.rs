@@ -4,12 +4,14 @@
 //!
 //! The pool grows to the largest number of pieces in flight at once (a
 //! transfer's pieces all run at the same time: each is one blocking
-//! `cuFileRead`/`cuFileWrite`), up to [`MAX_THREADS`]; past that, pieces wait
-//! for a thread. A forked child gets a fresh pool (the parent's threads do
+//! `cuFileRead`/`cuFileWrite`), up to
+//! [`crate::knobs::GDS_MAX_PIECE_THREADS`]; past that, pieces wait for a
+//! thread. A forked child gets a fresh pool (the parent's threads do
 //! not exist in it). When no thread can be started, a piece runs on the
 //! calling thread.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -17,8 +19,6 @@ use parking_lot::Mutex;
 
 use crate::error::panic_text;
 
-/// More piece threads than this are never started.
-const MAX_THREADS: usize = 64;
 
 type Task = Box<dyn FnOnce() + Send + 'static>;
 
@@ -28,7 +28,7 @@ struct Pool {
     queue: Arc<Mutex<mpsc::Receiver<Task>>>,
     threads: usize,
     /// Tasks handed out and not yet finished.
-    busy: Arc<Mutex<usize>>,
+    busy: Arc<AtomicUsize>,
 }
 
 static POOL: Mutex<Option<Pool>> = Mutex::new(None);
@@ -42,7 +42,7 @@ impl Pool {
     /// Starts threads until `wanted` tasks can run at once (within the cap);
     /// returns false when none could be started and none exist.
     fn grow_to(&mut self, wanted: usize) -> bool {
-        while self.threads < wanted.min(MAX_THREADS) {
+        while self.threads < wanted.min(crate::knobs::GDS_MAX_PIECE_THREADS) {
             let (queue, busy) = (self.queue.clone(), self.busy.clone());
             let spawned =
                 std::thread::Builder::new().name(format!("deepnvme-gds-{}", self.threads)).spawn(move || loop {
@@ -50,7 +50,7 @@ impl Pool {
                     let Ok(task) = task else { return };
                     // Tasks catch their own panics; this only keeps the thread.
                     let _ = catch_unwind(AssertUnwindSafe(task));
-                    *busy.lock() -= 1;
+                    busy.fetch_sub(1, Ordering::AcqRel);
                 });
             if spawned.is_err() {
                 break;
@@ -77,7 +77,7 @@ pub(crate) fn run_all<T: Send + 'static>(tasks: Vec<PieceTask<T>>) -> Vec<Result
             *slot = Some(Pool::new());
         }
         let pool = slot.as_mut().expect("just set");
-        let wanted = *pool.busy.lock() + n;
+        let wanted = pool.busy.load(Ordering::Acquire) + n;
         let have_threads = pool.grow_to(wanted);
         for (i, task) in tasks.into_iter().enumerate() {
             let tx = results_tx.clone();
@@ -85,12 +85,14 @@ pub(crate) fn run_all<T: Send + 'static>(tasks: Vec<PieceTask<T>>) -> Vec<Result
                 let result = catch_unwind(AssertUnwindSafe(task)).map_err(|p| panic_text(&*p));
                 let _ = tx.send((i, result));
             });
-            *pool.busy.lock() += 1;
             if !have_threads {
-                *pool.busy.lock() -= 1;
                 inline.push(wrapped);
-            } else if let Err(mpsc::SendError(task)) = pool.tasks.send(wrapped) {
-                *pool.busy.lock() -= 1;
+                continue;
+            }
+            // Counted before it is sent: a thread may finish it at once.
+            pool.busy.fetch_add(1, Ordering::AcqRel);
+            if let Err(mpsc::SendError(task)) = pool.tasks.send(wrapped) {
+                pool.busy.fetch_sub(1, Ordering::AcqRel);
                 inline.push(task);
             }
         }
