@@ -32,6 +32,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::buffer::{BufferDesc, IoBuffer, Location, Staging};
 use crate::config::HandleConfig;
+use crate::engine::fixed::RetireListener;
 use crate::engine::{self, Engine, EngineKind, Submitter};
 use crate::error::{panic_text, Direction, Error, Result};
 use crate::file::FileTarget;
@@ -137,8 +138,23 @@ impl Drop for Job {
     }
 }
 
+/// What a worker is sent.
+enum WorkerMsg {
+    Run(Job),
+    /// Registered memory went away: unregister it (see `engine/fixed.rs`).
+    ReleaseRetired,
+}
+
+impl RetireListener for mpsc::Sender<WorkerMsg> {
+    fn memory_retired(&self) {
+        let _ = self.send(WorkerMsg::ReleaseRetired);
+    }
+}
+
 struct Worker {
-    jobs: Option<mpsc::Sender<Job>>,
+    /// Shared (as a `Weak`) with the fixed-buffer retire listeners; the
+    /// worker ends when this is dropped.
+    jobs: Option<Arc<mpsc::Sender<WorkerMsg>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -155,10 +171,17 @@ fn worker_engine(kind: EngineKind, queue_depth: usize, submitter: Submitter) -> 
     }
 }
 
-fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<Job>) {
+fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<WorkerMsg>) {
     // The worker's engine is made on, and only ever used by, this thread.
     let mut engine = worker_engine(kind, queue_depth, Submitter::OneThread);
-    for job in jobs {
+    for msg in jobs {
+        let job = match msg {
+            WorkerMsg::Run(job) => job,
+            WorkerMsg::ReleaseRetired => {
+                engine.release_retired();
+                continue;
+            }
+        };
         let clean = job.run(engine.as_mut());
         // A ring that failed (or a run that panicked midway) is not trusted
         // with the next op: start a fresh engine.
@@ -344,12 +367,17 @@ impl IoHandle {
         let engine_kind = resolve_engine(&config)?;
         let mut workers = Vec::with_capacity(config.intra_op_parallelism);
         for index in 0..config.intra_op_parallelism {
-            let (tx, rx) = mpsc::channel::<Job>();
+            let (tx, rx) = mpsc::channel::<WorkerMsg>();
             let qd = config.queue_depth;
             let thread = std::thread::Builder::new()
                 .name(format!("deepnvme-io-{index}"))
                 .spawn(move || worker_loop(engine_kind, qd, rx))
                 .map_err(|e| Error::Engine(format!("spawning I/O worker {index}: {e}")))?;
+            let tx = Arc::new(tx);
+            if engine_kind == EngineKind::Uring {
+                let listener: Arc<dyn RetireListener> = tx.clone();
+                crate::engine::fixed::add_retire_listener(Arc::downgrade(&listener));
+            }
             workers.push(Worker { jobs: Some(tx), thread: Some(thread) });
         }
         Ok(IoHandle {
@@ -667,7 +695,7 @@ impl IoHandle {
             if let Some(tx) = worker.jobs.as_ref() {
                 // A send to a worker that is gone drops the job, which fails
                 // its slice rather than leave the op waiting forever.
-                let _ = tx.send(job);
+                let _ = tx.send(WorkerMsg::Run(job));
             }
         }
     }

@@ -87,6 +87,15 @@ pub const DEFAULT_BOUNCE_POOL_MB: usize = 1024;
 /// `1`: print the process's I/O statistics on stderr at exit.
 pub const STATS_ENV: &str = "DEEPNVME_STATS";
 
+/// `0`: io_uring rings never register memory as fixed buffers.
+pub const FIXED_BUFFERS_ENV: &str = "DEEPNVME_FIXED_BUFFERS";
+/// Fixed-buffer slots per worker ring (registered lazily, reused least
+/// recently used first); io_uring allows 16,384.
+pub const FIXED_BUFFER_SLOTS: u32 = 256;
+/// The most bytes one fixed-buffer registration covers: the kernel refuses
+/// an iovec over 1 GiB, so larger memory is registered in 1 GiB chunks.
+pub const FIXED_BUFFER_CHUNK: usize = 1 << 30;
+
 /// Who reads a variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
@@ -152,6 +161,13 @@ pub const VARIABLES: &[EnvVar] = &[
         scope: Scope::Core,
         default: "`1024`",
         meaning: "MiB of idle bounce buffers (for unpinned, device or strided memory) kept for reuse; `0` keeps none",
+    },
+    EnvVar {
+        name: FIXED_BUFFERS_ENV,
+        scope: Scope::Core,
+        default: "`1`",
+        meaning: "`0`: io_uring never registers locked or bounce memory as fixed buffers (each request then pins \
+                  its pages itself, as libaio does)",
     },
     EnvVar {
         name: STATS_ENV,
@@ -283,6 +299,8 @@ pub struct Settings {
     pub stats_at_exit: bool,
     /// [`BOUNCE_POOL_MB_ENV`] in bytes.
     pub bounce_pool_max_bytes: usize,
+    /// [`FIXED_BUFFERS_ENV`] is not `0`.
+    pub fixed_buffers: bool,
 }
 
 fn non_blank(name: &str) -> Option<String> {
@@ -317,6 +335,7 @@ impl Settings {
                 .and_then(|v| v.trim().parse::<usize>().ok())
                 .unwrap_or(DEFAULT_BOUNCE_POOL_MB)
                 .saturating_mul(1 << 20),
+            fixed_buffers: !matches!(std::env::var(FIXED_BUFFERS_ENV).as_deref().map(str::trim), Ok("0")),
         }
     }
 }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use crate::engine::fixed::FixedMemory;
 use crate::error::{last_errno, Error, Result};
 
 /// The system page size.
@@ -56,6 +57,9 @@ struct Region {
     mapped: usize,
     /// Held by a [`LockedBuffer`] (which keeps it mapped while it lives).
     owned: bool,
+    /// Lets io_uring workers register the region as a fixed buffer; dropped
+    /// (after the unmap) with the region, which tells them to let go.
+    fixed: Arc<FixedMemory>,
 }
 
 impl Drop for Region {
@@ -69,7 +73,14 @@ impl Drop for Region {
 /// is freed, so its address cannot be handed out again under the I/O.
 #[derive(Debug)]
 pub(crate) struct RegionHold {
-    _region: Arc<Region>,
+    region: Arc<Region>,
+}
+
+impl RegionHold {
+    /// The held region, as memory io_uring may register.
+    pub fn fixed_memory(&self) -> &Arc<FixedMemory> {
+        &self.region.fixed
+    }
 }
 
 /// An anonymous, page-aligned mapping. It is locked when `locked` says so.
@@ -80,6 +91,8 @@ pub struct PageAlignedBuffer {
     len: usize,
     mapped: usize,
     locked: bool,
+    /// The bounce pool's buffers may be registered with io_uring.
+    fixed: Option<Arc<FixedMemory>>,
 }
 
 // SAFETY: the mapping is plain memory owned by this value.
@@ -97,9 +110,17 @@ impl PageAlignedBuffer {
 
     /// Maps `len` bytes with every page faulted in now (`MAP_POPULATE`), so
     /// that the first copy into it takes no page faults: the bounce pool's
-    /// buffers, which are reused op after op.
+    /// buffers, which are reused op after op (and so are worth registering
+    /// with io_uring).
     pub(crate) fn new_populated(len: usize) -> Result<Self> {
-        Self::map(len, LockMode::None, true)
+        let mut buf = Self::map(len, LockMode::None, true)?;
+        buf.fixed = Some(FixedMemory::new(buf.ptr.as_ptr() as usize, buf.mapped));
+        Ok(buf)
+    }
+
+    /// As memory io_uring may register, when it may be.
+    pub(crate) fn fixed_memory(&self) -> Option<&Arc<FixedMemory>> {
+        self.fixed.as_ref()
     }
 
     fn map(len: usize, lock: LockMode, populate: bool) -> Result<Self> {
@@ -126,6 +147,7 @@ impl PageAlignedBuffer {
             len,
             mapped,
             locked: false,
+            fixed: None,
         };
         if lock != LockMode::None {
             // SAFETY: locking our own mapping.
@@ -163,8 +185,9 @@ impl PageAlignedBuffer {
     }
 
     /// Gives up ownership without unmapping; `release_raw` undoes it.
-    fn into_raw(self) -> (NonNull<u8>, usize) {
+    fn into_raw(mut self) -> (NonNull<u8>, usize) {
         let out = (self.ptr, self.mapped);
+        drop(self.fixed.take());
         std::mem::forget(self);
         out
     }
@@ -282,7 +305,8 @@ impl PinnedMemoryManager {
         let buf = PageAlignedBuffer::new(bytes, LockMode::Required)?;
         let (ptr, mapped) = buf.into_raw();
         let base = ptr.as_ptr() as usize;
-        let region = Arc::new(Region { base, requested: bytes, mapped, owned });
+        let fixed = FixedMemory::new(base, mapped);
+        let region = Arc::new(Region { base, requested: bytes, mapped, owned, fixed });
         self.regions.write().insert(region.clone());
         Ok(region)
     }
@@ -332,7 +356,7 @@ impl PinnedMemoryManager {
     /// keeps that region mapped and locked until it is dropped, even if the
     /// region is freed meanwhile.
     pub(crate) fn hold(&self, ptr: *const u8, len: usize) -> Option<RegionHold> {
-        self.regions.read().containing(ptr, len).map(|r| RegionHold { _region: r.clone() })
+        self.regions.read().containing(ptr, len).map(|r| RegionHold { region: r.clone() })
     }
 
     /// The base and requested size of the region containing `ptr`, if any.

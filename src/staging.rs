@@ -75,6 +75,12 @@ impl StagingBuffer {
         self.buffer.as_ref().expect("staging buffer").as_ptr()
     }
 
+    /// The buffer as memory io_uring may register (it outlives the op: the
+    /// pool keeps it for the next).
+    pub fn fixed_memory(&self) -> Option<&Arc<crate::engine::fixed::FixedMemory>> {
+        self.buffer.as_ref().expect("staging buffer").fixed_memory()
+    }
+
     /// The first `len` bytes.
     pub fn slice(&self, len: usize) -> &[u8] {
         &self.buffer.as_ref().expect("staging buffer").as_slice()[..len]

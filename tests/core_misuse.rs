@@ -467,6 +467,21 @@ fn deepnvme_threads() -> usize {
         .count()
 }
 
+/// Each deepnvme thread's name, state and kernel wait channel (for a
+/// failure message: a thread stuck in exit shows where).
+fn deepnvme_thread_states() -> String {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/task").expect("/proc/self/task").filter_map(|e| e.ok()) {
+        let read = |f: &str| std::fs::read_to_string(entry.path().join(f)).unwrap_or_default();
+        let comm = read("comm");
+        if comm.starts_with("deepnvme") {
+            let state = read("stat").rsplit(')').next().unwrap_or("").split_whitespace().next().unwrap_or("?").to_string();
+            out.push(format!("{} {} wchan={}", comm.trim(), state, read("wchan").trim()));
+        }
+    }
+    out.join("; ")
+}
+
 fn task_count() -> usize {
     std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()
 }
@@ -511,10 +526,10 @@ fn thousands_of_handles_leak_no_fds_threads_or_locked_memory() {
     // join returned (it is unhashed after it wakes the joiner): give the
     // last ones a moment to go; a leaked thread never does.
     let settle = std::time::Instant::now();
-    while deepnvme_threads() != ours && settle.elapsed() < Duration::from_secs(2) {
+    while deepnvme_threads() != ours && settle.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(deepnvme_threads(), ours, "deepnvme threads after 2000 handles");
+    assert_eq!(deepnvme_threads(), ours, "deepnvme threads after 2000 handles: {}", deepnvme_thread_states());
     // Other test threads waiting on SERIAL may come and go.
     assert!(task_count() <= threads + 4, "threads after 2000 handles: {} (was {threads})", task_count());
     assert_eq!(vm_locked_bytes(), locked, "locked bytes after 2000 handles");

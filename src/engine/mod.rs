@@ -14,11 +14,12 @@
 //! The choice is made once per process ([`default_kind`]) and logged once;
 //! `DEEPNVME_ENGINE=uring|psync` forces it.
 
+pub(crate) mod fixed;
 pub mod psync;
 pub mod uring;
 
 use std::os::fd::RawFd;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::knobs::{self, EngineChoice};
@@ -197,17 +198,21 @@ pub trait Engine: Send {
     /// Moves every segment; returns only when nothing is in flight.
     #[cfg_attr(not(test), allow(dead_code))] // the core runs `run_with`; the engine tests `run`
     fn run(&mut self, direction: Direction, segments: &[Segment], knobs: &Knobs) -> std::result::Result<(), TransferError> {
-        self.run_with(direction, segments, knobs, None)
+        self.run_with(direction, segments, knobs, None, None)
     }
     /// As `run`, with a bounced read's copy-out done piece by piece:
-    /// `copy.after_complete` as soon as each piece has completed.
+    /// `copy.after_complete` as soon as each piece has completed; `memory`:
+    /// the registrable memory every segment lies in, if any (see `fixed.rs`).
     fn run_with(
         &mut self,
         direction: Direction,
         segments: &[Segment],
         knobs: &Knobs,
         copy: Option<&BounceCopy>,
+        memory: Option<&Arc<fixed::FixedMemory>>,
     ) -> std::result::Result<(), TransferError>;
+    /// Between runs: lets go of registered memory that was freed.
+    fn release_retired(&mut self) {}
     /// After a panic unwound out of `run_with`: returns only once nothing
     /// the engine handed to the kernel or to its threads is still moving
     /// bytes, so that the op's buffers may be freed. The engine is not used

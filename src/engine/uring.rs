@@ -13,8 +13,11 @@
 //! submissions; the engine still drains what is in flight (the kernel may be
 //! writing into those buffers) before it reports the first error.
 
+use std::sync::Arc;
+
 use io_uring::{opcode, types, IoUring};
 
+use super::fixed::{FixedMemory, FixedTable};
 use super::{pieces, Engine, EngineKind, Knobs, Piece, Segment, Submitter};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::staging::BounceCopy;
@@ -34,6 +37,8 @@ pub struct UringEngine {
     reaped: Vec<(u64, i32)>,
     reaped_count: usize,
     processed: usize,
+    /// Registered memory (a worker's ring only; see `fixed.rs`).
+    fixed: Option<FixedTable>,
 }
 
 // SAFETY: the ring and the raw pointers in `slots` are only used by the
@@ -89,6 +94,7 @@ impl UringEngine {
                 .map_err(|e| Error::Engine(format!("io_uring_setup with {capacity} entries failed: {e}")))?,
         };
         Ok(UringEngine {
+            fixed: (submitter == Submitter::OneThread).then(FixedTable::new),
             ring,
             capacity,
             slots: vec![None; capacity],
@@ -100,13 +106,22 @@ impl UringEngine {
         })
     }
 
-    fn push(&mut self, direction: Direction, slot: usize) {
+    /// Queues the request for the piece in `slot`: a READ_FIXED /
+    /// WRITE_FIXED when its bytes lie in registered (or registrable) memory.
+    fn push(&mut self, direction: Direction, slot: usize, memory: Option<&Arc<FixedMemory>>) {
         let p = self.slots[slot].as_ref().expect("pushing an empty slot");
         let len = p.remaining() as u32;
         let fd = types::Fd(p.fd);
-        let entry = match direction {
-            Direction::Read => opcode::Read::new(fd, p.cur_addr(), len).offset(p.cur_offset()).build(),
-            Direction::Write => opcode::Write::new(fd, p.cur_addr(), len).offset(p.cur_offset()).build(),
+        let (addr, offset) = (p.cur_addr(), p.cur_offset());
+        let fixed_index = match (memory, self.fixed.as_mut()) {
+            (Some(memory), Some(table)) => table.index_for(&self.ring, memory, addr as usize, len as usize),
+            _ => None,
+        };
+        let entry = match (direction, fixed_index) {
+            (Direction::Read, Some(i)) => opcode::ReadFixed::new(fd, addr, len, i).offset(offset).build(),
+            (Direction::Write, Some(i)) => opcode::WriteFixed::new(fd, addr, len, i).offset(offset).build(),
+            (Direction::Read, None) => opcode::Read::new(fd, addr, len).offset(offset).build(),
+            (Direction::Write, None) => opcode::Write::new(fd, addr, len).offset(offset).build(),
         }
         .user_data(slot as u64);
         // SAFETY: the buffer belongs to a live piece that stays in `slots`
@@ -141,6 +156,12 @@ impl Engine for UringEngine {
         self.broken
     }
 
+    fn release_retired(&mut self) {
+        if let Some(table) = self.fixed.as_mut() {
+            table.release_retired(&self.ring);
+        }
+    }
+
     fn quiesce(&mut self) {
         let done_in_kernel = self.reaped_count.saturating_sub(self.processed);
         let in_flight = self.occupied().saturating_sub(done_in_kernel);
@@ -153,6 +174,7 @@ impl Engine for UringEngine {
         segments: &[Segment],
         knobs: &Knobs,
         copy: Option<&BounceCopy>,
+        memory: Option<&Arc<FixedMemory>>,
     ) -> std::result::Result<(), TransferError> {
         let first_fd = segments.first().map(|s| s.fd).unwrap_or(-1);
         let first_offset = segments.first().map(|s| s.file_offset).unwrap_or(0);
@@ -167,6 +189,9 @@ impl Engine for UringEngine {
         };
         if self.broken {
             return Err(ring_error(libc::EIO));
+        }
+        if let Some(table) = self.fixed.as_mut() {
+            table.start_run();
         }
         // Pieces longer than u32 cannot be one SQE; block sizes are ints anyway.
         let block = knobs.block_size.clamp(1, 1 << 30);
@@ -191,7 +216,7 @@ impl Engine for UringEngine {
                     let copied_in = copy.is_some_and(|c| c.before_submit(&piece));
                     let slot = self.free_slots.pop().expect("free slot accounting");
                     self.slots[slot] = Some(piece);
-                    self.push(direction, slot);
+                    self.push(direction, slot, memory);
                     in_flight += 1;
                     if knobs.single_submit || copied_in {
                         if let Err(errno) = self.submit_wait(0) {
@@ -239,7 +264,7 @@ impl Engine for UringEngine {
                     Ok(false) if first_error.is_none() => {
                         // Short or interrupted: send the remainder again.
                         self.slots[slot] = Some(piece);
-                        self.push(direction, slot);
+                        self.push(direction, slot, memory);
                         if knobs.single_submit {
                             if let Err(errno) = self.submit_wait(0) {
                                 return Err(self.abandon(in_flight, ring_error(errno)));

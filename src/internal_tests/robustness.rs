@@ -206,7 +206,7 @@ impl OpWork for PanicMidRun {
             caller: self.mem,
             len: self.len,
         });
-        engine.run_with(crate::Direction::Read, &[seg], &knobs, Some(&bad)).map_err(Error::from)
+        engine.run_with(crate::Direction::Read, &[seg], &knobs, Some(&bad), None).map_err(Error::from)
     }
     fn slice_error(&self, index: usize, detail: String) -> Error {
         Error::Engine(format!("slice {index}: {detail}"))

@@ -16,6 +16,9 @@
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
+use crate::engine::fixed::FixedMemory;
 use crate::engine::{Engine, Knobs, Segment};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::DioAlignment;
@@ -57,6 +60,9 @@ pub(crate) struct OpPlan {
     /// A bounced op on contiguous host memory: the engines copy each block
     /// between the caller's memory and the bounce buffer next to its I/O.
     pub bounce_copy: Option<BounceCopy>,
+    /// The registrable memory the I/O goes to or from (a managed region or
+    /// the bounce buffer): rings name it as a fixed buffer.
+    pub fixed_memory: Option<Arc<FixedMemory>>,
 }
 
 impl OpPlan {
@@ -77,11 +83,12 @@ impl OpPlan {
     pub fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> std::result::Result<(), TransferError> {
         let Some(slice) = self.slices.get(index) else { return Ok(()) };
         let attach = |e: TransferError| self.name_target(e);
+        let (copy, memory) = (self.bounce_copy.as_ref(), self.fixed_memory.as_ref());
         if !slice.buffered.is_empty() {
-            engine.run_with(self.direction, &slice.buffered, &self.knobs, self.bounce_copy.as_ref()).map_err(attach)?;
+            engine.run_with(self.direction, &slice.buffered, &self.knobs, copy, memory).map_err(attach)?;
         }
         if !slice.direct.is_empty() {
-            engine.run_with(self.direction, &slice.direct, &self.direct_knobs, self.bounce_copy.as_ref()).map_err(attach)?;
+            engine.run_with(self.direction, &slice.direct, &self.direct_knobs, copy, memory).map_err(attach)?;
         }
         Ok(())
     }

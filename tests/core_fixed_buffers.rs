@@ -1,0 +1,138 @@
+//! io_uring fixed buffers, seen through the kernel: registering memory pins
+//! its pages and shows in this process's `VmPin` (`mm->pinned_vm`); a plain
+//! O_DIRECT request's pins never do. So these tests read /proc to check that
+//! locked and bounce memory is registered once used, let go when freed (with
+//! the handle still alive and idle) and when the handle goes, never mixed up
+//! with a later allocation at the same address, and that
+//! `DEEPNVME_FIXED_BUFFERS=0` (run in a child process) registers nothing.
+//!
+//! One test function drives them in order: `VmPin` is per process, and
+//! libtest would otherwise run them on parallel threads.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use deepnvme::{EngineKind, FileTarget, HandleConfig, IoHandle, LockedBuffer};
+
+const MIB: usize = 1 << 20;
+
+fn vm_pinned_bytes() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmPin:")).expect("VmPin line");
+    line.split_whitespace().nth(1).expect("VmPin value").parse::<usize>().expect("VmPin number") * 1024
+}
+
+/// Waits up to 5 s for `VmPin` to come down to `at_most`; returns the last reading.
+fn vm_pinned_settles_to(at_most: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = vm_pinned_bytes();
+        if now <= at_most || Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn uring_handle(parallelism: usize) -> IoHandle {
+    IoHandle::new(HandleConfig {
+        engine: Some(EngineKind::Uring),
+        intra_op_parallelism: parallelism,
+        queue_depth: 32,
+        ..HandleConfig::default()
+    })
+    .expect("creating an io_uring handle")
+}
+
+#[test]
+fn registered_memory_follows_the_lifetime_of_what_it_registers() {
+    if let Err(why) = deepnvme::io_uring_status() {
+        skip(&format!("fixed buffers not tested: io_uring is unavailable here: {why}"));
+        return;
+    }
+    if std::env::var("DEEPNVME_FIXED_BUFFERS").as_deref() == Ok("0") {
+        off_switch_child();
+        return;
+    }
+    let dir = TempDir::new("fixed");
+    let path = dir.file("data.bin");
+    let baseline = vm_pinned_bytes();
+
+    // Locked memory: both workers register the region on first use.
+    let handle = uring_handle(2);
+    let len = 64 * MIB;
+    let mut source = LockedBuffer::new(len).expect("locked buffer");
+    source.copy_from_slice(&pattern(1, len));
+    handle.write_from(&source, FileTarget::Path(&path), 0).expect("locked write");
+    let pinned = vm_pinned_bytes() - baseline;
+    assert!(pinned >= len, "a 64 MiB locked write registered only {pinned} bytes (VmPin)");
+    let mut back = LockedBuffer::new(len).expect("locked buffer");
+    handle.read_into(&mut back, FileTarget::Path(&path), 0).expect("locked read");
+    assert_bytes_eq(&back, &source, "locked read through fixed buffers");
+    assert_bytes_eq(&read_file(&path), &source, "the file written through fixed buffers");
+
+    // Freed with the handle alive and idle: the workers are told, and let go.
+    let old_base = source.as_ptr() as usize;
+    drop(source);
+    drop(back);
+    let left = vm_pinned_settles_to(baseline);
+    assert!(left <= baseline, "freed locked memory still pinned by idle rings: VmPin {left} > {baseline}");
+
+    // A new region, likely at the freed one's address: its bytes must be the
+    // ones written (a registration found by address would write the old pages).
+    let mut reused_address = false;
+    for round in 0..4u64 {
+        let mut fresh = LockedBuffer::new(len).expect("locked buffer");
+        reused_address |= fresh.as_ptr() as usize == old_base;
+        let want = pattern(100 + round, len);
+        fresh.copy_from_slice(&want);
+        handle.write_from(&fresh, FileTarget::Path(&path), 0).expect("write from a reallocated region");
+        assert_bytes_eq(&read_file(&path), &want, "a write from memory reallocated at a registered address");
+        let mut again = LockedBuffer::new(len).expect("locked buffer");
+        handle.read_into(&mut again, FileTarget::Path(&path), 0).expect("read into a reallocated region");
+        assert_bytes_eq(&again, &want, "a read into memory reallocated at a registered address");
+    }
+    if !reused_address {
+        skip("no locked region was reallocated at a freed one's address (the checks above still ran)");
+    }
+
+    // Bounce buffers (plain memory) are registered too, and let go with the ring.
+    let mut plain = pattern(7, 8 * MIB);
+    handle.write_from(&plain, FileTarget::Path(&path), 0).expect("bounced write");
+    assert!(vm_pinned_bytes() > baseline, "the bounce buffer was not registered");
+    plain.iter_mut().for_each(|b| *b = 0);
+    handle.read_into(&mut plain, FileTarget::Path(&path), 0).expect("bounced read");
+    assert_bytes_eq(&plain, &pattern(7, 8 * MIB), "bounced read through fixed buffers");
+    drop(handle);
+    let left = vm_pinned_settles_to(baseline);
+    assert!(left <= baseline, "a dropped handle's rings left memory pinned: VmPin {left} > {baseline}");
+
+    // The switch: the same writes in a child with DEEPNVME_FIXED_BUFFERS=0.
+    let me = std::env::current_exe().expect("test binary");
+    let status = std::process::Command::new(me)
+        .args(["--exact", "registered_memory_follows_the_lifetime_of_what_it_registers", "--nocapture"])
+        .env("DEEPNVME_FIXED_BUFFERS", "0")
+        .env("CARGO_TARGET_TMPDIR", dir.path())
+        .status()
+        .expect("running the test binary again");
+    assert!(status.success(), "DEEPNVME_FIXED_BUFFERS=0 child failed: {status}");
+}
+
+/// In the child: with fixed buffers off, locked and bounced I/O is right and
+/// pins nothing beyond the request in flight.
+fn off_switch_child() {
+    let dir = TempDir::new("fixed-off");
+    let path = dir.file("data.bin");
+    let baseline = vm_pinned_bytes();
+    let handle = uring_handle(2);
+    let len = 16 * MIB;
+    let mut source = LockedBuffer::new(len).expect("locked buffer");
+    source.copy_from_slice(&pattern(3, len));
+    handle.write_from(&source, FileTarget::Path(&path), 0).expect("locked write");
+    let mut plain = vec![0u8; len];
+    handle.read_into(&mut plain, FileTarget::Path(&path), 0).expect("bounced read");
+    assert_bytes_eq(&plain, &source, "fixed buffers off: round trip");
+    assert_eq!(vm_pinned_bytes(), baseline, "DEEPNVME_FIXED_BUFFERS=0 still registered memory");
+}
