@@ -284,8 +284,10 @@ fn a_handle_used_after_fork_refuses_at_once_and_drops_without_hanging() {
     let dir = TempDir::new("fork");
     for engine in engines() {
         let h = handle_with(engine, 64 * 1024, 8, false, true, 2);
-        // The parent's handle has run ops (its workers and rings exist).
-        let data = pattern(62, 256 * 1024);
+        // The parent's handle has run ops (its workers and rings exist, and
+        // have registered `src` as an io_uring fixed buffer: 1 MiB is past
+        // the inline size, so the op ran on the workers).
+        let data = pattern(62, 1 << 20);
         let src = Pinned::with(&data);
         let parent_file = dir.file(&format!("parent-{engine:?}.bin"));
         assert_eq!(h.pwrite(src.desc(), FileTarget::Path(&parent_file), 0, false).unwrap(), 1);
@@ -302,11 +304,16 @@ fn a_handle_used_after_fork_refuses_at_once_and_drops_without_hanging() {
         run_in_child(&format!("{engine:?} fork"), 20, move || fork_child_checks(child_h.take().unwrap(), &child_dir, engine));
         // The parent's handle is untouched by the child.
         let h = h.take().unwrap();
-        let data2 = pattern(63, 256 * 1024);
+        let data2 = pattern(63, 1 << 20);
         let src2 = Pinned::with(&data2);
         h.pwrite(src2.desc(), FileTarget::Path(&parent_file), 0, true).unwrap();
         assert_eq!(h.wait().unwrap(), 1);
         assert_bytes_eq(&read_file(&parent_file), &data2, &format!("{engine:?}: parent handle after the child"));
+        // Memory registered before the fork still gets the parent's reads:
+        // the kernel gave the child copies of the pinned pages and kept the
+        // originals (which the rings hold) mapped in the parent.
+        assert_eq!(h.pread(src.desc(), FileTarget::Path(&parent_file), 0, false).unwrap(), 1);
+        assert_bytes_eq(src.as_slice(), &data2, &format!("{engine:?}: a read after fork into memory registered before it"));
     }
 }
 
