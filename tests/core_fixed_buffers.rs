@@ -73,6 +73,33 @@ fn registered_memory_follows_the_lifetime_of_what_it_registers() {
     assert_bytes_eq(&back, &source, "locked read through fixed buffers");
     assert_bytes_eq(&read_file(&path), &source, "the file written through fixed buffers");
 
+    // fork(): the kernel would copy pinned pages into the child at once; the
+    // fork handler unregisters first, so the child shares the region's pages
+    // copy-on-write (Shared_Dirty in its smaps), and the parent registers
+    // again on its next run.
+    std::thread::sleep(Duration::from_millis(50)); // let the workers go idle
+    let child_shares = region_is_shared_with_a_forked_child(source.as_ptr() as usize, len);
+    assert!(child_shares, "after fork the child holds a private copy of registered memory (pages pinned at fork)");
+    assert!(vm_pinned_bytes() <= baseline, "registrations survived the fork handler: VmPin {}", vm_pinned_bytes());
+    back.fill(0);
+    handle.read_into(&mut back, FileTarget::Path(&path), 0).expect("locked read after fork");
+    assert_bytes_eq(&back, &source, "locked read after fork, registered again");
+    assert!(vm_pinned_bytes() >= baseline + len, "no registration after the fork");
+
+    // fork() while a run is in flight: the handler waits for it, never hangs.
+    let pending = handle.submit_write(source, FileTarget::Path(&path), 0).expect("async write");
+    // SAFETY: the child only exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        unsafe { libc::_exit(0) };
+    }
+    assert!(pid > 0, "fork during a run failed");
+    let mut status = 0;
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(handle.wait().expect("wait after a fork during the run"), 1);
+    let source = pending.take().expect("the written buffer back");
+    assert_bytes_eq(&read_file(&path), &source, "a write in flight across fork()");
+
     // Freed with the handle alive and idle: the workers are told, and let go.
     let old_base = source.as_ptr() as usize;
     drop(source);
@@ -118,6 +145,36 @@ fn registered_memory_follows_the_lifetime_of_what_it_registers() {
         .status()
         .expect("running the test binary again");
     assert!(status.success(), "DEEPNVME_FIXED_BUFFERS=0 child failed: {status}");
+}
+
+/// Forks; the child reports whether the mapping holding `[addr, addr + len)`
+/// is at least `len` bytes of Shared_Dirty pages (shared copy-on-write with
+/// the parent) rather than Private_Dirty ones (copied at fork).
+fn region_is_shared_with_a_forked_child(addr: usize, len: usize) -> bool {
+    // SAFETY: the child only reads /proc and exits with `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+        let mut inside = false;
+        let mut shared_kb = 0usize;
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or("");
+            if let Some((lo, hi)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
+                let lo = usize::from_str_radix(lo, 16).unwrap_or(0);
+                let hi = usize::from_str_radix(hi, 16).unwrap_or(0);
+                inside = lo <= addr && addr < hi;
+            } else if inside && line.starts_with("Shared_Dirty:") {
+                shared_kb += line.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+            }
+        }
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(if shared_kb * 1024 >= len { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
 }
 
 /// In the child: with fixed buffers off, locked and bounced I/O is right and

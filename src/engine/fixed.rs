@@ -24,13 +24,21 @@
 //! for an unprivileged user, [`knobs::FIXED_BUFFERS_ENV`]`=0`) turns fixed
 //! buffers off for that ring, which then does plain reads and writes.
 //!
-//! One cost to know: the kernel copies pinned anonymous pages into a child at
-//! `fork()` (instead of sharing them copy-on-write), so a process that forks
-//! while holding registered memory gives each child its own copy of it.
+//! `fork()`: the kernel copies pinned anonymous pages into a child at once
+//! (instead of sharing them copy-on-write), so a registration alive at fork
+//! would give every child (a DataLoader worker, say) its own copy of all the
+//! registered memory. A `pthread_atfork` prepare handler therefore waits for
+//! each ring's current run to end (it holds the ring's table lock, which a
+//! run holds from its first request to its last completion), unregisters
+//! every buffer and keeps the tables locked until the fork is done; rings
+//! register again, lazily, on their next run. This is why worker rings with
+//! fixed buffers are not `SINGLE_ISSUER`: the forking thread must be allowed
+//! to unregister.
 
 use std::collections::HashMap;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Once, Weak};
 
 use io_uring::IoUring;
 use parking_lot::Mutex;
@@ -110,6 +118,34 @@ fn notify_retired() {
     }
 }
 
+/// `io_uring_register` opcode: drop the whole buffer table (kernel ABI, 5.1+).
+const IORING_UNREGISTER_BUFFERS: libc::c_uint = 1;
+
+/// `pthread_atfork` prepare: waits for every ring's run to end, empties its
+/// buffer table (so that no page is pinned when the address space is
+/// copied) and keeps the tables locked until the fork is done, so that no
+/// run registers anything in between.
+extern "C" fn before_fork() {
+    let tables: Vec<Arc<Mutex<FixedTable>>> = TABLES.lock().iter().filter_map(Weak::upgrade).collect();
+    for table in &tables {
+        let mut guard = table.lock();
+        guard.unregister_all();
+        // Unlocked by `after_fork` (parking_lot's guards do not track their
+        // owner thread, so the same thread unlocks it in parent and child).
+        std::mem::forget(guard);
+    }
+    *LOCKED_FOR_FORK.lock() = tables;
+}
+
+/// `pthread_atfork` parent and child: unlocks what `before_fork` locked.
+extern "C" fn after_fork() {
+    let tables = std::mem::take(&mut *LOCKED_FOR_FORK.lock());
+    for table in tables {
+        // SAFETY: `before_fork` locked it on this thread and forgot the guard.
+        unsafe { table.force_unlock() };
+    }
+}
+
 /// One registered slot of a ring's table.
 struct Slot {
     key: (u64, u32),
@@ -119,24 +155,70 @@ struct Slot {
     last_run: u64,
 }
 
-/// A ring's fixed-buffer table, set up (sparse) on first use.
+/// A ring's fixed-buffer table, set up (sparse) on first use. Shared with
+/// the fork handler (see the module doc); the ring's run holds its lock.
 pub(crate) struct FixedTable {
     slots: Vec<Option<Slot>>,
     by_key: HashMap<(u64, u32), usize>,
     ready: bool,
     disabled: bool,
     run: u64,
+    /// The ring's descriptor while the ring lives (the fork handler's way in).
+    ring_fd: Option<RawFd>,
 }
 
+/// Every live table, for the fork handler.
+static TABLES: Mutex<Vec<Weak<Mutex<FixedTable>>>> = Mutex::new(Vec::new());
+/// The tables the prepare handler locked, to unlock after the fork.
+static LOCKED_FOR_FORK: Mutex<Vec<Arc<Mutex<FixedTable>>>> = Mutex::new(Vec::new());
+
 impl FixedTable {
-    pub fn new() -> FixedTable {
-        FixedTable {
+    /// A table for `ring`, or `None` when fixed buffers are switched off.
+    pub fn for_ring(ring: &IoUring) -> Option<Arc<Mutex<FixedTable>>> {
+        if !knobs::settings().fixed_buffers {
+            return None;
+        }
+        use std::os::fd::AsRawFd;
+        let table = Arc::new(Mutex::new(FixedTable {
             slots: Vec::new(),
             by_key: HashMap::new(),
             ready: false,
-            disabled: !knobs::settings().fixed_buffers,
+            disabled: false,
             run: 0,
+            ring_fd: Some(ring.as_raw_fd()),
+        }));
+        static HANDLERS: Once = Once::new();
+        HANDLERS.call_once(|| {
+            // SAFETY: registers three plain functions; they only take this
+            // module's locks and make io_uring_register calls.
+            let rc = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+            if rc != 0 {
+                crate::log::info_once("fixed-buffers-atfork", "pthread_atfork failed; fork copies registered memory");
+            }
+        });
+        let mut tables = TABLES.lock();
+        tables.retain(|t| t.strong_count() > 0);
+        tables.push(Arc::downgrade(&table));
+        Some(table)
+    }
+
+    /// The ring is closing: the fork handler must not touch its descriptor.
+    pub fn ring_closed(&mut self) {
+        self.ring_fd = None;
+    }
+
+    /// Unregisters everything (the fork handler, with the lock held).
+    fn unregister_all(&mut self) {
+        if let (Some(fd), true) = (self.ring_fd, self.ready) {
+            // SAFETY: `fd` is this table's live ring (cleared before it
+            // closes); unregistering takes no memory from us.
+            unsafe {
+                libc::syscall(libc::SYS_io_uring_register, fd, IORING_UNREGISTER_BUFFERS, std::ptr::null::<u8>(), 0);
+            }
         }
+        self.slots.clear();
+        self.by_key.clear();
+        self.ready = false;
     }
 
     /// Marks the start of a run: slots this run uses are kept until the next.

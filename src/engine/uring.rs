@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring};
+use parking_lot::Mutex;
 
 use super::fixed::{FixedMemory, FixedTable};
 use super::{pieces, Engine, EngineKind, Knobs, Piece, Segment, Submitter};
@@ -37,8 +38,18 @@ pub struct UringEngine {
     reaped: Vec<(u64, i32)>,
     reaped_count: usize,
     processed: usize,
-    /// Registered memory (a worker's ring only; see `fixed.rs`).
-    fixed: Option<FixedTable>,
+    /// Registered memory (a worker's ring only; see `fixed.rs`), locked by
+    /// each run from its first request to its last completion.
+    fixed: Option<Arc<Mutex<FixedTable>>>,
+}
+
+impl Drop for UringEngine {
+    fn drop(&mut self) {
+        // Before the ring's descriptor closes (the fields drop after this).
+        if let Some(table) = &self.fixed {
+            table.lock().ring_closed();
+        }
+    }
 }
 
 // SAFETY: the ring and the raw pointers in `slots` are only used by the
@@ -84,7 +95,11 @@ impl UringEngine {
         // A completion queue twice the submission queue (the kernel default)
         // cannot overflow: at most `capacity` pieces are ever in flight.
         let entries = capacity.next_power_of_two() as u32;
+        // With fixed buffers the fork handler unregisters them from the
+        // forking thread, which a SINGLE_ISSUER ring would refuse (EEXIST).
+        let fixed_buffers = submitter == Submitter::OneThread && crate::knobs::settings().fixed_buffers;
         let tuned = match submitter {
+            Submitter::OneThread if fixed_buffers => IoUring::builder().setup_coop_taskrun().build(entries).ok(),
             Submitter::OneThread => IoUring::builder().setup_single_issuer().setup_coop_taskrun().build(entries).ok(),
             Submitter::AnyThread => None,
         };
@@ -94,7 +109,7 @@ impl UringEngine {
                 .map_err(|e| Error::Engine(format!("io_uring_setup with {capacity} entries failed: {e}")))?,
         };
         Ok(UringEngine {
-            fixed: (submitter == Submitter::OneThread).then(FixedTable::new),
+            fixed: if fixed_buffers { FixedTable::for_ring(&ring) } else { None },
             ring,
             capacity,
             slots: vec![None; capacity],
@@ -108,12 +123,12 @@ impl UringEngine {
 
     /// Queues the request for the piece in `slot`: a READ_FIXED /
     /// WRITE_FIXED when its bytes lie in registered (or registrable) memory.
-    fn push(&mut self, direction: Direction, slot: usize, memory: Option<&Arc<FixedMemory>>) {
+    fn push(&mut self, direction: Direction, slot: usize, memory: Option<&Arc<FixedMemory>>, table: Option<&mut FixedTable>) {
         let p = self.slots[slot].as_ref().expect("pushing an empty slot");
         let len = p.remaining() as u32;
         let fd = types::Fd(p.fd);
         let (addr, offset) = (p.cur_addr(), p.cur_offset());
-        let fixed_index = match (memory, self.fixed.as_mut()) {
+        let fixed_index = match (memory, table) {
             (Some(memory), Some(table)) => table.index_for(&self.ring, memory, addr as usize, len as usize),
             _ => None,
         };
@@ -157,8 +172,8 @@ impl Engine for UringEngine {
     }
 
     fn release_retired(&mut self) {
-        if let Some(table) = self.fixed.as_mut() {
-            table.release_retired(&self.ring);
+        if let Some(table) = &self.fixed {
+            table.lock().release_retired(&self.ring);
         }
     }
 
@@ -190,7 +205,9 @@ impl Engine for UringEngine {
         if self.broken {
             return Err(ring_error(libc::EIO));
         }
-        if let Some(table) = self.fixed.as_mut() {
+        let fixed = self.fixed.clone();
+        let mut table = fixed.as_ref().map(|t| t.lock());
+        if let Some(table) = table.as_deref_mut() {
             table.start_run();
         }
         // Pieces longer than u32 cannot be one SQE; block sizes are ints anyway.
@@ -216,7 +233,7 @@ impl Engine for UringEngine {
                     let copied_in = copy.is_some_and(|c| c.before_submit(&piece));
                     let slot = self.free_slots.pop().expect("free slot accounting");
                     self.slots[slot] = Some(piece);
-                    self.push(direction, slot, memory);
+                    self.push(direction, slot, memory, table.as_deref_mut());
                     in_flight += 1;
                     if knobs.single_submit || copied_in {
                         if let Err(errno) = self.submit_wait(0) {
@@ -264,7 +281,7 @@ impl Engine for UringEngine {
                     Ok(false) if first_error.is_none() => {
                         // Short or interrupted: send the remainder again.
                         self.slots[slot] = Some(piece);
-                        self.push(direction, slot, memory);
+                        self.push(direction, slot, memory, table.as_deref_mut());
                         if knobs.single_submit {
                             if let Err(errno) = self.submit_wait(0) {
                                 return Err(self.abandon(in_flight, ring_error(errno)));
