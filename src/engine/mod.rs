@@ -229,8 +229,9 @@ pub trait Engine: Send {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Submitter {
     /// Only the thread that creates the engine (a handle's worker): its
-    /// io_uring ring is set up `SINGLE_ISSUER | COOP_TASKRUN` where the
-    /// kernel has them, which saves the kernel locking and interrupts.
+    /// io_uring ring is set up `COOP_TASKRUN` (and `SINGLE_ISSUER` without
+    /// fixed buffers) where the kernel has them, which saves the kernel
+    /// interrupts (and locking), and registers fixed buffers.
     OneThread,
     /// Any thread, one at a time (the engine of a handle's blocking
     /// `read`/`write`, which run on the caller's thread).

@@ -84,9 +84,11 @@ pub(crate) fn probe() -> std::result::Result<(), String> {
 
 impl UringEngine {
     /// A ring for `submitter`. A ring only its creating thread submits to
-    /// asks for `SINGLE_ISSUER` (no submission locking in the kernel) and
-    /// `COOP_TASKRUN` (completions are posted at the thread's next kernel
-    /// entry instead of by interrupting it), falling back to a plain ring on
+    /// asks for `COOP_TASKRUN` (completions are posted at the thread's next
+    /// kernel entry instead of by interrupting it) and, unless it registers
+    /// fixed buffers (which the fork handler must be able to unregister
+    /// from another thread), `SINGLE_ISSUER` (no submission locking in the
+    /// kernel), falling back to a plain ring on
     /// kernels without them (before 6.0). `DEFER_TASKRUN` is not used: a ring
     /// that failed is drained without entering it (see `abandon`), which
     /// needs the kernel to post completions by itself.
