@@ -100,6 +100,30 @@ fn registered_memory_follows_the_lifetime_of_what_it_registers() {
     let source = pending.take().expect("the written buffer back");
     assert_bytes_eq(&read_file(&path), &source, "a write in flight across fork()");
 
+    // A child that forks again must leave the parent's rings alone: it
+    // inherited their descriptors, and emptying their buffer tables would
+    // fail the parent's next fixed request (EFAULT). (Its copies of the
+    // tables are empty, and the handler only touches its own process's.)
+    handle.read_into(&mut back, FileTarget::Path(&path), 0).expect("read that registers `back`");
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: the child forks once more and exits; nothing else.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let grandchild = unsafe { libc::fork() };
+        if grandchild == 0 {
+            unsafe { libc::_exit(0) };
+        }
+        if grandchild > 0 {
+            unsafe { libc::waitpid(grandchild, std::ptr::null_mut(), 0) };
+        }
+        unsafe { libc::_exit(0) };
+    }
+    assert!(pid > 0, "fork failed");
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    back.fill(0);
+    handle.read_into(&mut back, FileTarget::Path(&path), 0).expect("the parent's read after a grandchild's fork");
+    assert_bytes_eq(&back, &source, "the parent's read after a child forked again");
+
     // Freed with the handle alive and idle: the workers are told, and let go.
     let old_base = source.as_ptr() as usize;
     drop(source);

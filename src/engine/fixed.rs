@@ -126,7 +126,12 @@ const IORING_UNREGISTER_BUFFERS: libc::c_uint = 1;
 /// copied) and keeps the tables locked until the fork is done, so that no
 /// run registers anything in between.
 extern "C" fn before_fork() {
-    let tables: Vec<Arc<Mutex<FixedTable>>> = TABLES.lock().iter().filter_map(Weak::upgrade).collect();
+    // Only this process's rings: a child of an earlier fork inherited the
+    // parent's table list and ring descriptors, and unregistering through
+    // those would empty the parent's tables under its requests.
+    let pid = std::process::id();
+    let tables: Vec<Arc<Mutex<FixedTable>>> =
+        TABLES.lock().iter().filter(|(owner, _)| *owner == pid).filter_map(|(_, t)| t.upgrade()).collect();
     for table in &tables {
         let mut guard = table.lock();
         guard.unregister_all();
@@ -167,8 +172,9 @@ pub(crate) struct FixedTable {
     ring_fd: Option<RawFd>,
 }
 
-/// Every live table, for the fork handler.
-static TABLES: Mutex<Vec<Weak<Mutex<FixedTable>>>> = Mutex::new(Vec::new());
+/// Every live table with the process whose ring it is, for the fork handler
+/// (outside the table's lock: a child may inherit a table locked for good).
+static TABLES: Mutex<Vec<(u32, Weak<Mutex<FixedTable>>)>> = Mutex::new(Vec::new());
 /// The tables the prepare handler locked, to unlock after the fork.
 static LOCKED_FOR_FORK: Mutex<Vec<Arc<Mutex<FixedTable>>>> = Mutex::new(Vec::new());
 
@@ -196,9 +202,10 @@ impl FixedTable {
                 crate::log::info_once("fixed-buffers-atfork", "pthread_atfork failed; fork copies registered memory");
             }
         });
+        let pid = std::process::id();
         let mut tables = TABLES.lock();
-        tables.retain(|t| t.strong_count() > 0);
-        tables.push(Arc::downgrade(&table));
+        tables.retain(|(owner, t)| *owner == pid && t.strong_count() > 0);
+        tables.push((pid, Arc::downgrade(&table)));
         Some(table)
     }
 
