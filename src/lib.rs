@@ -38,9 +38,10 @@
 //!   `unsafe` constructor that states its contract), [`Staging`] copiers,
 //!   and [`IoBuffer`] for memory an async op owns.
 //! * [`pinned`]: the process-wide page-locked memory manager
-//!   (`deepspeed_pin_tensor_t::shared()`), O(log n) range recognition, and
+//!   (`deepspeed_pin_tensor_t::shared()`), constant-time range recognition (a page index),, and
 //!   owned [`LockedBuffer`]s.
-//! * `engine`: the transfer engines (io_uring, and pread/pwrite threads).
+//! * `engine`: the transfer engines (io_uring, and pread/pwrite threads), and
+//!   the io_uring fixed-buffer tables (`engine/fixed.rs`).
 //! * `file`: opening files as DeepSpeed does (O_DIRECT, no truncation) and
 //!   their O_DIRECT alignment.
 //! * `op`: one transfer (`cpu_op_desc_t`): `op/mod.rs` the bounce decision
