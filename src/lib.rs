@@ -38,7 +38,8 @@
 //!   `unsafe` constructor that states its contract), [`Staging`] copiers,
 //!   and [`IoBuffer`] for memory an async op owns.
 //! * [`pinned`]: the process-wide page-locked memory manager
-//!   (`deepspeed_pin_tensor_t::shared()`), constant-time range recognition (a page index),, and
+//!   (`deepspeed_pin_tensor_t::shared()`), constant-time range recognition
+//!   (a page index), and
 //!   owned [`LockedBuffer`]s.
 //! * `engine`: the transfer engines (io_uring, and pread/pwrite threads), and
 //!   the io_uring fixed-buffer tables (`engine/fixed.rs`).
