@@ -114,7 +114,7 @@ impl PageAlignedBuffer {
     /// with io_uring).
     pub(crate) fn new_populated(len: usize) -> Result<Self> {
         let mut buf = Self::map(len, LockMode::None, true)?;
-        buf.fixed = Some(FixedMemory::new(buf.ptr.as_ptr() as usize, buf.mapped));
+        buf.fixed = Some(FixedMemory::new(buf.ptr.as_ptr() as usize, buf.mapped, false));
         Ok(buf)
     }
 
@@ -305,7 +305,7 @@ impl PinnedMemoryManager {
         let buf = PageAlignedBuffer::new(bytes, LockMode::Required)?;
         let (ptr, mapped) = buf.into_raw();
         let base = ptr.as_ptr() as usize;
-        let fixed = FixedMemory::new(base, mapped);
+        let fixed = FixedMemory::new(base, mapped, true);
         let region = Arc::new(Region { base, requested: bytes, mapped, owned, fixed });
         self.regions.write().insert(region.clone());
         Ok(region)

@@ -97,6 +97,10 @@ impl Drop for StagingBuffer {
         let Some(buffer) = self.buffer.take() else { return };
         let mut pool = POOL.lock();
         if pool.idle_bytes + self.class <= crate::knobs::settings().bounce_pool_max_bytes {
+            // Kept for the next op: worth registering with io_uring now.
+            if let Some(memory) = buffer.fixed_memory() {
+                memory.mark_reusable();
+            }
             pool.idle_bytes += self.class;
             pool.idle.entry(self.class).or_default().push(buffer);
         }

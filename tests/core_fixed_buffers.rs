@@ -3,7 +3,11 @@
 //! O_DIRECT request's pins never do. So these tests read /proc to check that
 //! locked and bounce memory is registered once used, let go when freed (with
 //! the handle still alive and idle) and when the handle goes, never mixed up
-//! with a later allocation at the same address, and that
+//! with a later allocation at the same address, unregistered around
+//! `fork()` (the child shares the pages instead of getting copies; a fork
+//! during a run waits for it; a child's own fork leaves the parent's rings
+//! alone; a closing ring lets go even while a child holds its descriptor),
+//! bounce buffers registered only once the pool keeps them, and that
 //! `DEEPNVME_FIXED_BUFFERS=0` (run in a child process) registers nothing.
 //!
 //! One test function drives them in order: `VmPin` is per process, and
@@ -149,14 +153,37 @@ fn registered_memory_follows_the_lifetime_of_what_it_registers() {
         skip("no locked region was reallocated at a freed one's address (the checks above still ran)");
     }
 
-    // Bounce buffers (plain memory) are registered too, and let go with the ring.
+    // Bounce buffers (plain memory) are registered once the pool keeps them
+    // (not for their first op: a buffer used once would cost a registration
+    // per op), and let go with the ring.
+    let before_bounce = vm_pinned_settles_to(baseline);
     let mut plain = pattern(7, 8 * MIB);
     handle.write_from(&plain, FileTarget::Path(&path), 0).expect("bounced write");
-    assert!(vm_pinned_bytes() > baseline, "the bounce buffer was not registered");
+    assert_eq!(vm_pinned_bytes(), before_bounce, "a new bounce buffer was registered for its first op");
     plain.iter_mut().for_each(|b| *b = 0);
     handle.read_into(&mut plain, FileTarget::Path(&path), 0).expect("bounced read");
     assert_bytes_eq(&plain, &pattern(7, 8 * MIB), "bounced read through fixed buffers");
+    assert!(vm_pinned_bytes() > before_bounce, "the pool's bounce buffer was not registered on reuse");
+    // A forked child that lives on holds the rings' descriptors (and so the
+    // rings): a closing ring must still let go of what it registered.
+    // SAFETY: the child only sleeps until it is killed.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        unsafe {
+            libc::sleep(30);
+            libc::_exit(0);
+        }
+    }
+    assert!(child > 0, "fork failed");
+    handle.read_into(&mut plain, FileTarget::Path(&path), 0).expect("bounced read after the fork");
+    assert!(vm_pinned_bytes() > before_bounce, "no registration after the fork");
     drop(handle);
+    let left = vm_pinned_settles_to(baseline);
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    assert!(left <= baseline, "closed rings kept memory pinned while a child held them: VmPin {left} > {baseline}");
     let left = vm_pinned_settles_to(baseline);
     assert!(left <= baseline, "a dropped handle's rings left memory pinned: VmPin {left} > {baseline}");
 

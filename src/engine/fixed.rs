@@ -27,18 +27,25 @@
 //! `fork()`: the kernel copies pinned anonymous pages into a child at once
 //! (instead of sharing them copy-on-write), so a registration alive at fork
 //! would give every child (a DataLoader worker, say) its own copy of all the
-//! registered memory. A `pthread_atfork` prepare handler therefore waits for
-//! each ring's current run to end (it holds the ring's table lock, which a
-//! run holds from its first request to its last completion), unregisters
-//! every buffer and keeps the tables locked until the fork is done; rings
-//! register again, lazily, on their next run. This is why worker rings with
+//! registered memory. A `pthread_atfork` prepare handler therefore waits
+//! (half a second at most in all) for each ring's current run to end (a run
+//! holds its ring's table lock from its first request to its last
+//! completion), unregisters every buffer and keeps the tables locked until
+//! the fork is done; rings register again, lazily, on their next run. A ring
+//! still busy at the deadline is left registered: its pages are copied into
+//! the child, which is slower, never wrong. This is why worker rings with
 //! fixed buffers are not `SINGLE_ISSUER`: the forking thread must be allowed
 //! to unregister.
+//!
+//! Bounce buffers become registrable only once the pool keeps them for reuse
+//! (a buffer used for one op and unmapped would cost a registration per op).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Once, Weak};
+use std::sync::{Arc, MutexGuard, Once, Weak};
+use std::time::{Duration, Instant};
 
 use io_uring::IoUring;
 use parking_lot::Mutex;
@@ -54,14 +61,28 @@ pub(crate) struct FixedMemory {
     len: usize,
     /// Some ring registered it: its drop must wake the workers.
     registered: AtomicBool,
+    /// Worth registering: it is kept for many ops.
+    reusable: AtomicBool,
 }
 
 impl FixedMemory {
-    /// A token for `len` bytes at `base`, with a fresh id.
-    pub fn new(base: usize, len: usize) -> Arc<FixedMemory> {
+    /// A token for `len` bytes at `base`, with a fresh id; `reusable` says
+    /// whether rings may register it yet (see [`Self::mark_reusable`]).
+    pub fn new(base: usize, len: usize, reusable: bool) -> Arc<FixedMemory> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Arc::new(FixedMemory { id, base, len, registered: AtomicBool::new(false) })
+        Arc::new(FixedMemory {
+            id,
+            base,
+            len,
+            registered: AtomicBool::new(false),
+            reusable: AtomicBool::new(reusable),
+        })
+    }
+
+    /// The memory will be used again (a bounce buffer the pool keeps).
+    pub fn mark_reusable(&self) {
+        self.reusable.store(true, Ordering::Relaxed);
     }
 
     /// The chunk of this memory holding all of `[addr, addr + len)`, as
@@ -93,14 +114,29 @@ pub(crate) trait RetireListener: Send + Sync {
     fn memory_retired(&self);
 }
 
+type Listeners = Vec<(u32, Weak<dyn RetireListener>)>;
+type Tables = Vec<(u32, Weak<Mutex<FixedTable>>)>;
+
 /// The listeners, each with the process it was added in: a child of
 /// `fork()` inherits the list, but not the workers behind it.
-static LISTENERS: Mutex<Vec<(u32, Weak<dyn RetireListener>)>> = Mutex::new(Vec::new());
+///
+/// `LISTENERS` and `TABLES` are std mutexes, held by the fork handler across
+/// `fork()` and unlocked in the child: a futex unlock is an atomic and a
+/// syscall, where parking_lot's would go through its process-wide parking
+/// table, which another thread may have held at the fork.
+static LISTENERS: std::sync::Mutex<Listeners> = std::sync::Mutex::new(Vec::new());
+/// Every live table with the process whose ring it is, for the fork handler
+/// (outside the table's lock: a child may inherit a table locked for good).
+static TABLES: std::sync::Mutex<Tables> = std::sync::Mutex::new(Vec::new());
+
+fn lock<T>(mutex: &'static std::sync::Mutex<T>) -> MutexGuard<'static, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Adds a listener for as long as it lives.
 pub(crate) fn add_retire_listener(listener: Weak<dyn RetireListener>) {
     let pid = std::process::id();
-    let mut listeners = LISTENERS.lock();
+    let mut listeners = lock(&LISTENERS);
     listeners.retain(|(added_in, l)| *added_in == pid && l.strong_count() > 0);
     listeners.push((pid, listener));
 }
@@ -108,7 +144,7 @@ pub(crate) fn add_retire_listener(listener: Weak<dyn RetireListener>) {
 fn notify_retired() {
     let pid = std::process::id();
     let live: Vec<Arc<dyn RetireListener>> = {
-        let mut listeners = LISTENERS.lock();
+        let mut listeners = lock(&LISTENERS);
         listeners.retain(|(added_in, l)| *added_in == pid && l.strong_count() > 0);
         listeners.iter().filter_map(|(_, l)| l.upgrade()).collect()
     };
@@ -121,34 +157,62 @@ fn notify_retired() {
 /// `io_uring_register` opcode: drop the whole buffer table (kernel ABI, 5.1+).
 const IORING_UNREGISTER_BUFFERS: libc::c_uint = 1;
 
-/// `pthread_atfork` prepare: waits for every ring's run to end, empties its
-/// buffer table (so that no page is pinned when the address space is
-/// copied) and keeps the tables locked until the fork is done, so that no
-/// run registers anything in between.
+/// How long `fork()` waits, in all, for busy rings to finish their runs.
+const FORK_WAIT: Duration = Duration::from_millis(500);
+
+/// What the prepare handler holds until the fork is done (on the forking
+/// thread, which also runs the parent and child handlers).
+struct HeldForFork {
+    _listeners: MutexGuard<'static, Listeners>,
+    _tables: MutexGuard<'static, Tables>,
+    /// Tables locked and emptied for the fork (their guards forgotten).
+    emptied: Vec<Arc<Mutex<FixedTable>>>,
+}
+
+thread_local! {
+    static HELD_FOR_FORK: RefCell<Option<HeldForFork>> = const { RefCell::new(None) };
+}
+
+/// `pthread_atfork` prepare: holds the listener and table lists (so no other
+/// thread is inside them at the fork, and no ring is created in between),
+/// waits for each of this process's rings to end its run, empties its buffer
+/// table (so that no page is pinned when the address space is copied) and
+/// keeps it locked until the fork is done, so that no run registers anything
+/// in between.
 extern "C" fn before_fork() {
+    let listeners = lock(&LISTENERS);
+    let tables = lock(&TABLES);
     // Only this process's rings: a child of an earlier fork inherited the
     // parent's table list and ring descriptors, and unregistering through
     // those would empty the parent's tables under its requests.
     let pid = std::process::id();
-    let tables: Vec<Arc<Mutex<FixedTable>>> =
-        TABLES.lock().iter().filter(|(owner, _)| *owner == pid).filter_map(|(_, t)| t.upgrade()).collect();
-    for table in &tables {
-        let mut guard = table.lock();
+    let deadline = Instant::now() + FORK_WAIT;
+    let mut emptied = Vec::new();
+    for table in tables.iter().filter(|(owner, _)| *owner == pid).filter_map(|(_, t)| t.upgrade()) {
+        let Some(mut guard) = table.try_lock_until(deadline) else { continue };
         guard.unregister_all();
-        // Unlocked by `after_fork` (parking_lot's guards do not track their
-        // owner thread, so the same thread unlocks it in parent and child).
+        // Unlocked by `after_fork_in_parent` (parking_lot's guards do not
+        // track their owner thread).
         std::mem::forget(guard);
+        emptied.push(table);
     }
-    *LOCKED_FOR_FORK.lock() = tables;
+    HELD_FOR_FORK.with(|held| *held.borrow_mut() = Some(HeldForFork { _listeners: listeners, _tables: tables, emptied }));
 }
 
-/// `pthread_atfork` parent and child: unlocks what `before_fork` locked.
-extern "C" fn after_fork() {
-    let tables = std::mem::take(&mut *LOCKED_FOR_FORK.lock());
-    for table in tables {
+/// `pthread_atfork` parent: unlocks what `before_fork` locked.
+extern "C" fn after_fork_in_parent() {
+    let Some(held) = HELD_FOR_FORK.with(|h| h.borrow_mut().take()) else { return };
+    for table in &held.emptied {
         // SAFETY: `before_fork` locked it on this thread and forgot the guard.
         unsafe { table.force_unlock() };
     }
+}
+
+/// `pthread_atfork` child: unlocks the lists. The parent's tables stay
+/// locked here: no thread of the child uses them (its handles make rings of
+/// their own), and unlocking them could wake waiters that do not exist.
+extern "C" fn after_fork_in_child() {
+    drop(HELD_FOR_FORK.with(|h| h.borrow_mut().take()));
 }
 
 /// One registered slot of a ring's table.
@@ -170,13 +234,16 @@ pub(crate) struct FixedTable {
     run: u64,
     /// The ring's descriptor while the ring lives (the fork handler's way in).
     ring_fd: Option<RawFd>,
+    /// Chunks the kernel refused to register (not tried again).
+    refused: HashMap<(u64, u32), Weak<FixedMemory>>,
+    /// Registrations refused in a row; fixed buffers go off for this ring at
+    /// [`MAX_REFUSALS`].
+    refusals: u32,
 }
 
-/// Every live table with the process whose ring it is, for the fork handler
-/// (outside the table's lock: a child may inherit a table locked for good).
-static TABLES: Mutex<Vec<(u32, Weak<Mutex<FixedTable>>)>> = Mutex::new(Vec::new());
-/// The tables the prepare handler locked, to unlock after the fork.
-static LOCKED_FOR_FORK: Mutex<Vec<Arc<Mutex<FixedTable>>>> = Mutex::new(Vec::new());
+/// Registrations refused in a row before a ring stops trying.
+const MAX_REFUSALS: u32 = 3;
+
 
 impl FixedTable {
     /// A table for `ring`, or `None` when fixed buffers are switched off.
@@ -192,40 +259,54 @@ impl FixedTable {
             disabled: false,
             run: 0,
             ring_fd: Some(ring.as_raw_fd()),
+            refused: HashMap::new(),
+            refusals: 0,
         }));
         static HANDLERS: Once = Once::new();
         HANDLERS.call_once(|| {
             // SAFETY: registers three plain functions; they only take this
             // module's locks and make io_uring_register calls.
-            let rc = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+            let rc =
+                unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child)) };
             if rc != 0 {
                 crate::log::info_once("fixed-buffers-atfork", "pthread_atfork failed; fork copies registered memory");
             }
         });
         let pid = std::process::id();
-        let mut tables = TABLES.lock();
+        let mut tables = lock(&TABLES);
         tables.retain(|(owner, t)| *owner == pid && t.strong_count() > 0);
         tables.push((pid, Arc::downgrade(&table)));
         Some(table)
     }
 
-    /// The ring is closing: the fork handler must not touch its descriptor.
-    pub fn ring_closed(&mut self) {
+    /// The ring is closing, idle: lets go of its buffers now (a forked
+    /// child may hold the ring's descriptor, and with it the ring, for
+    /// long), and keeps the fork handler away from the descriptor.
+    pub fn ring_closing(&mut self) {
+        self.unregister_all();
         self.ring_fd = None;
     }
 
-    /// Unregisters everything (the fork handler, with the lock held).
+    /// Unregisters everything (with the lock held, nothing in flight). On a
+    /// failure the table is left as it is (the ring still holds them).
     fn unregister_all(&mut self) {
-        if let (Some(fd), true) = (self.ring_fd, self.ready) {
+        let Some(fd) = self.ring_fd.filter(|_| self.ready) else { return };
+        for _ in 0..8 {
             // SAFETY: `fd` is this table's live ring (cleared before it
             // closes); unregistering takes no memory from us.
-            unsafe {
-                libc::syscall(libc::SYS_io_uring_register, fd, IORING_UNREGISTER_BUFFERS, std::ptr::null::<u8>(), 0);
+            let rc = unsafe {
+                libc::syscall(libc::SYS_io_uring_register, fd, IORING_UNREGISTER_BUFFERS, std::ptr::null::<u8>(), 0)
+            };
+            if rc == 0 {
+                self.slots.clear();
+                self.by_key.clear();
+                self.ready = false;
+                return;
+            }
+            if crate::error::last_errno() != libc::EINTR {
+                return;
             }
         }
-        self.slots.clear();
-        self.by_key.clear();
-        self.ready = false;
     }
 
     /// Marks the start of a run: slots this run uses are kept until the next.
@@ -245,7 +326,7 @@ impl FixedTable {
     /// addr + len)` inside `memory`, registering its chunk first when no slot
     /// holds it yet; `None` when the request must be a plain one.
     pub fn index_for(&mut self, ring: &IoUring, memory: &Arc<FixedMemory>, addr: usize, len: usize) -> Option<u16> {
-        if self.disabled {
+        if self.disabled || !memory.reusable.load(Ordering::Relaxed) {
             return None;
         }
         let (chunk, chunk_base, chunk_len) = memory.chunk_of(addr, len)?;
@@ -254,6 +335,9 @@ impl FixedTable {
             let slot = self.slots[index].as_mut().expect("a keyed slot is occupied");
             slot.last_run = self.run;
             return Some(index as u16);
+        }
+        if self.refused.contains_key(&key) {
+            return None;
         }
         if !self.ready {
             if let Err(e) = ring.submitter().register_buffers_sparse(knobs::FIXED_BUFFER_SLOTS) {
@@ -270,12 +354,16 @@ impl FixedTable {
         // replaced or the ring closes, so a later unmap cannot pull them
         // out from under a request.
         if let Err(e) = unsafe { ring.submitter().register_buffers_update(index as u32, &[iov], None) } {
-            // ENOMEM: pinning more would pass RLIMIT_MEMLOCK. The slot the
-            // kernel refused keeps what it had, which is dropped below.
-            self.clear_slot(ring, index);
-            self.give_up("IORING_REGISTER_BUFFERS_UPDATE", e);
+            // ENOMEM: pinning more would pass RLIMIT_MEMLOCK. The slot keeps
+            // what it had; this chunk goes as plain requests from now on.
+            self.refused.insert(key, Arc::downgrade(memory));
+            self.refusals += 1;
+            if self.refusals >= MAX_REFUSALS {
+                self.give_up("IORING_REGISTER_BUFFERS_UPDATE", e);
+            }
             return None;
         }
+        self.refusals = 0;
         if let Some(old) = self.slots[index].take() {
             self.by_key.remove(&old.key);
         }
@@ -302,18 +390,21 @@ impl FixedTable {
         best.map(|(index, _)| index)
     }
 
-    /// Empties `index` in the kernel's table and in ours.
+    /// Empties `index` in the kernel's table and in ours (in ours only when
+    /// the kernel did: else the next release tries again).
     fn clear_slot(&mut self, ring: &IoUring, index: usize) {
         let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         // SAFETY: an empty iovec registers nothing; it releases the pages.
-        let _ = unsafe { ring.submitter().register_buffers_update(index as u32, &[empty], None) };
-        if let Some(old) = self.slots[index].take() {
-            self.by_key.remove(&old.key);
+        if unsafe { ring.submitter().register_buffers_update(index as u32, &[empty], None) }.is_ok() {
+            if let Some(old) = self.slots[index].take() {
+                self.by_key.remove(&old.key);
+            }
         }
     }
 
     /// Unregisters every slot whose memory is gone. Called between runs.
     pub fn release_retired(&mut self, ring: &IoUring) {
+        self.refused.retain(|_, memory| memory.strong_count() > 0);
         let stale: Vec<usize> = (0..self.slots.len())
             .filter(|&i| self.slots[i].as_ref().is_some_and(|s| s.memory.strong_count() == 0))
             .collect();
@@ -330,7 +421,7 @@ mod tests {
     #[test]
     fn chunks_split_memory_at_1_gib_and_refuse_ranges_across_a_boundary() {
         let gib = knobs::FIXED_BUFFER_CHUNK;
-        let memory = FixedMemory::new(0x10_0000_0000, 2 * gib + 4096);
+        let memory = FixedMemory::new(0x10_0000_0000, 2 * gib + 4096, true);
         let base = memory.base;
         assert_eq!(memory.chunk_of(base, 4096), Some((0, base, gib)));
         assert_eq!(memory.chunk_of(base + gib, 1 << 20), Some((1, base + gib, gib)));
@@ -342,8 +433,8 @@ mod tests {
 
     #[test]
     fn tokens_never_share_an_id() {
-        let a = FixedMemory::new(4096, 4096);
-        let b = FixedMemory::new(4096, 4096);
+        let a = FixedMemory::new(4096, 4096, true);
+        let b = FixedMemory::new(4096, 4096, true);
         assert_ne!(a.id, b.id, "the same address must get a new id");
     }
 }

@@ -47,7 +47,7 @@ impl Drop for UringEngine {
     fn drop(&mut self) {
         // Before the ring's descriptor closes (the fields drop after this).
         if let Some(table) = &self.fixed {
-            table.lock().ring_closed();
+            table.lock().ring_closing();
         }
     }
 }
