@@ -532,7 +532,9 @@ def write_report(res, out):
              "1/P of the file (as intra_op_parallelism splits a buffer); CPU from fio's usr/sys per job.")
     L.append("* **stock**: DeepSpeed's `aio_handle` (libaio) from `AsyncIOBuilder().load()` with "
              "`DEEPNVME_DEEPSPEED_HOOK=0`; **deepnvme**: the same call with the hook on. Both run in a "
-             "long-lived `benches/ds_worker.py --serve` process (one fresh handle and buffer per run, untimed); "
+             "long-lived `benches/ds_worker.py --serve` process (one fresh handle and buffer per run, then one op of the "
+             "run's op size at offset 0, all untimed, so the timed loop sees a warm handle as a training job does: "
+             "rings made, deepnvme's fixed buffers registered, its bounce pool filled); "
              "the timed loop is `sync_pread`/`sync_pwrite` of one buffer per op at increasing offsets; "
              "CPU is `getrusage(RUSAGE_SELF)` user+system over the loop (all threads of the process).")
     L.append("* **cli**: `deepnvme bench --read-only|--write-only` with the same knobs (its own timed "
