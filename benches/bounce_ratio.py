@@ -19,17 +19,8 @@ import statistics
 import time
 
 import torch
+from bench_common import drop_caches
 from deepspeed.ops.op_builder import AsyncIOBuilder
-
-
-def drop_caches():
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError:
-        pass
-    time.sleep(0.5)
 
 
 def cpu_seconds():

@@ -16,19 +16,10 @@ import json
 import os
 import statistics
 import subprocess
-import time
+
+from bench_common import drop_caches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def drop_caches():
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError:
-        pass
-    time.sleep(0.5)
 
 
 def run(cli, fixed, args, path):
