@@ -95,6 +95,8 @@ pub struct OpenFile {
     /// Descriptors this op opened, closed on drop.
     owned: Vec<RawFd>,
     dio: Option<DioAlignment>,
+    /// The size `statx` gave with the alignment, when the op opened the file.
+    size_at_open: Option<u64>,
     /// Access mode (`O_RDONLY`/`O_WRONLY`/`O_RDWR`) for the buffered twin.
     /// For a caller's descriptor it is that descriptor's own mode: the twin
     /// must never grant what the caller's fd does not (a write through a
@@ -145,6 +147,13 @@ fn above_stdio(fd: RawFd) -> io::Result<RawFd> {
 /// The O_DIRECT alignment of an open file; `None` when the file system says
 /// it has no direct I/O.
 pub fn dio_alignment(fd: RawFd) -> Option<DioAlignment> {
+    stat_for_io(fd).0
+}
+
+/// One `statx` for what an op needs of a file it just opened: the O_DIRECT
+/// alignment (as [`dio_alignment`]) and the size (`None` when statx gave
+/// none), so that a read's extent check needs no second system call.
+fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>) {
     // SAFETY: statx fills a zeroed struct; the empty path with AT_EMPTY_PATH
     // refers to `fd` itself.
     unsafe {
@@ -154,19 +163,21 @@ pub fn dio_alignment(fd: RawFd) -> Option<DioAlignment> {
             fd,
             empty.as_ptr() as *const libc::c_char,
             libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN,
+            libc::STATX_DIOALIGN | libc::STATX_SIZE,
             &mut stx,
         );
+        let size = (rc == 0 && stx.stx_mask & libc::STATX_SIZE != 0).then_some(stx.stx_size);
         if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
-            return Some(CONSERVATIVE_DIO_ALIGNMENT);
+            return (Some(CONSERVATIVE_DIO_ALIGNMENT), size);
         }
         if stx.stx_dio_offset_align == 0 {
-            return None;
+            return (None, size);
         }
-        Some(DioAlignment {
+        let alignment = DioAlignment {
             offset: stx.stx_dio_offset_align as usize,
             memory: (stx.stx_dio_mem_align as usize).max(1),
-        })
+        };
+        (Some(alignment), size)
     }
 }
 
@@ -219,7 +230,7 @@ impl OpenFile {
         let file_err = |source| Error::File { path: path.to_path_buf(), action, source };
         match open_raw(path, base | libc::O_DIRECT, 0o600) {
             Ok(fd) => {
-                let dio = dio_alignment(fd);
+                let (dio, size_at_open) = stat_for_io(fd);
                 // When the file system reports no direct I/O despite
                 // accepting the flag, the buffered twin is opened on demand.
                 Ok(OpenFile {
@@ -230,6 +241,7 @@ impl OpenFile {
                     caller_fd: None,
                     owned: vec![fd],
                     dio,
+                    size_at_open,
                     twin_access: base & libc::O_ACCMODE,
                 })
             }
@@ -253,6 +265,7 @@ impl OpenFile {
                     caller_fd: None,
                     owned: vec![fd],
                     dio: None,
+                    size_at_open: None,
                     twin_access: base & libc::O_ACCMODE,
                 })
             }
@@ -303,13 +316,13 @@ impl OpenFile {
                 dup
             }
         };
-        let (direct_fd, buffered_fd, dio) = if flags & libc::O_DIRECT != 0 {
-            match dio_alignment(own) {
-                Some(a) => (Some(own), None, Some(a)),
-                None => (None, None, None),
+        let (direct_fd, buffered_fd, dio, size_at_open) = if flags & libc::O_DIRECT != 0 {
+            match stat_for_io(own) {
+                (Some(a), size) => (Some(own), None, Some(a), size),
+                (None, size) => (None, None, None, size),
             }
         } else {
-            (None, Some(own), None)
+            (None, Some(own), None, None)
         };
         Ok(OpenFile {
             path: None,
@@ -319,6 +332,7 @@ impl OpenFile {
             caller_fd: Some(fd),
             owned: vec![own],
             dio,
+            size_at_open,
             twin_access: access,
         })
     }
@@ -375,8 +389,12 @@ impl OpenFile {
         self.path.as_deref()
     }
 
-    /// Size of the file now.
+    /// Size of the file: as `statx` gave it when the op opened the file
+    /// (moments ago, in the same `prepare`), else from `fstat` now.
     pub fn size(&self) -> Result<u64> {
+        if let Some(size) = self.size_at_open {
+            return Ok(size);
+        }
         fd_size(self.any_fd()).map_err(|source| Error::File {
             path: self.display_path(),
             action: "fstat of",
