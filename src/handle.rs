@@ -514,26 +514,26 @@ impl IoHandle {
     /// The caller's thread is in a call that waits for every pending op:
     /// their bounced copies may run as their blocks complete.
     fn caller_entered(&self) {
-        for op in self.pending_snapshot() {
-            if let Some(completion) = op.completion.lock().as_ref() {
-                completion.caller_entered();
-            }
-        }
+        self.tell_pending(|completion| completion.caller_entered());
     }
 
     /// The caller's thread leaves a wait early (interrupted), its ops still
     /// in flight: nothing may touch their callers' memory until the next
     /// wait (a bounced write copies in what it still needs first).
     fn caller_left(&self) {
-        for op in self.pending_snapshot() {
-            if let Some(completion) = op.completion.lock().as_ref() {
-                completion.caller_left();
-            }
-        }
+        self.tell_pending(|completion| completion.caller_left());
     }
 
-    fn pending_snapshot(&self) -> Vec<Arc<InFlight>> {
-        self.pending.lock().iter().cloned().collect()
+    /// Calls `tell` on every pending op's completion (the queue is copied
+    /// first: a gate's copies may take a while, and async submits from
+    /// other threads queue under that lock).
+    fn tell_pending(&self, tell: impl Fn(&dyn OpCompletion)) {
+        let pending: Vec<Arc<InFlight>> = self.pending.lock().iter().cloned().collect();
+        for op in pending {
+            if let Some(completion) = op.completion.lock().as_ref() {
+                tell(completion.as_ref());
+            }
+        }
     }
 
     /// [`Self::until_io_idle`] for a caller in the call: on an early end

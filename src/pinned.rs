@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::engine::fixed::FixedMemory;
+use crate::engine::fixed::RegistrableMemory;
 use crate::error::{last_errno, Error, Result};
 
 /// The system page size.
@@ -59,7 +59,7 @@ struct Region {
     owned: bool,
     /// Lets io_uring workers register the region as a fixed buffer; dropped
     /// (after the unmap) with the region, which tells them to let go.
-    fixed: Arc<FixedMemory>,
+    registrable: Arc<RegistrableMemory>,
 }
 
 impl Drop for Region {
@@ -78,8 +78,8 @@ pub(crate) struct RegionHold {
 
 impl RegionHold {
     /// The held region, as memory io_uring may register.
-    pub fn fixed_memory(&self) -> &Arc<FixedMemory> {
-        &self.region.fixed
+    pub fn registrable(&self) -> &Arc<RegistrableMemory> {
+        &self.region.registrable
     }
 }
 
@@ -92,7 +92,7 @@ pub struct PageAlignedBuffer {
     mapped: usize,
     locked: bool,
     /// The bounce pool's buffers may be registered with io_uring.
-    fixed: Option<Arc<FixedMemory>>,
+    registrable: Option<Arc<RegistrableMemory>>,
 }
 
 // SAFETY: the mapping is plain memory owned by this value.
@@ -114,13 +114,13 @@ impl PageAlignedBuffer {
     /// with io_uring).
     pub(crate) fn new_populated(len: usize) -> Result<Self> {
         let mut buf = Self::map(len, LockMode::None, true)?;
-        buf.fixed = Some(FixedMemory::new(buf.ptr.as_ptr() as usize, buf.mapped, false));
+        buf.registrable = Some(RegistrableMemory::new(buf.ptr.as_ptr() as usize, buf.mapped, false));
         Ok(buf)
     }
 
     /// As memory io_uring may register, when it may be.
-    pub(crate) fn fixed_memory(&self) -> Option<&Arc<FixedMemory>> {
-        self.fixed.as_ref()
+    pub(crate) fn registrable(&self) -> Option<&Arc<RegistrableMemory>> {
+        self.registrable.as_ref()
     }
 
     fn map(len: usize, lock: LockMode, populate: bool) -> Result<Self> {
@@ -147,7 +147,7 @@ impl PageAlignedBuffer {
             len,
             mapped,
             locked: false,
-            fixed: None,
+            registrable: None,
         };
         if lock != LockMode::None {
             // SAFETY: locking our own mapping.
@@ -187,7 +187,7 @@ impl PageAlignedBuffer {
     /// Gives up ownership without unmapping; `release_raw` undoes it.
     fn into_raw(mut self) -> (NonNull<u8>, usize) {
         let out = (self.ptr, self.mapped);
-        drop(self.fixed.take());
+        drop(self.registrable.take());
         std::mem::forget(self);
         out
     }
@@ -305,8 +305,8 @@ impl PinnedMemoryManager {
         let buf = PageAlignedBuffer::new(bytes, LockMode::Required)?;
         let (ptr, mapped) = buf.into_raw();
         let base = ptr.as_ptr() as usize;
-        let fixed = FixedMemory::new(base, mapped, true);
-        let region = Arc::new(Region { base, requested: bytes, mapped, owned, fixed });
+        let registrable = RegistrableMemory::new(base, mapped, true);
+        let region = Arc::new(Region { base, requested: bytes, mapped, owned, registrable });
         self.regions.write().insert(region.clone());
         Ok(region)
     }

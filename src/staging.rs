@@ -77,8 +77,8 @@ impl StagingBuffer {
 
     /// The buffer as memory io_uring may register (it outlives the op: the
     /// pool keeps it for the next).
-    pub fn fixed_memory(&self) -> Option<&Arc<crate::engine::fixed::FixedMemory>> {
-        self.buffer.as_ref().expect("staging buffer").fixed_memory()
+    pub fn registrable(&self) -> Option<&Arc<crate::engine::fixed::RegistrableMemory>> {
+        self.buffer.as_ref().expect("staging buffer").registrable()
     }
 
     /// The first `len` bytes.
@@ -98,7 +98,7 @@ impl Drop for StagingBuffer {
         let mut pool = POOL.lock();
         if pool.idle_bytes + self.class <= crate::knobs::settings().bounce_pool_max_bytes {
             // Kept for the next op: worth registering with io_uring now.
-            if let Some(memory) = buffer.fixed_memory() {
+            if let Some(memory) = buffer.registrable() {
                 memory.mark_reusable();
             }
             pool.idle_bytes += self.class;

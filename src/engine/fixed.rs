@@ -5,7 +5,7 @@
 //! machine that is the difference between 0.6 and 1.3-2.0 GB/s for 1 MiB
 //! reads at queue depth 32 (fio, same file, `--fixedbufs`).
 //!
-//! What may be registered carries a [`FixedMemory`] token: the pinned
+//! What may be registered carries a [`RegistrableMemory`] token: the pinned
 //! manager's regions and the bounce pool's buffers, whose lifetimes deepnvme
 //! owns (memory the caller merely declares pinned, like a torch pinned
 //! tensor, is never registered: its free would go unseen). A token's id is
@@ -55,7 +55,7 @@ use crate::knobs;
 /// Memory that io_uring rings may register. Dropped when the memory is
 /// unmapped (or later, by the last op that held it).
 #[derive(Debug)]
-pub(crate) struct FixedMemory {
+pub(crate) struct RegistrableMemory {
     id: u64,
     base: usize,
     len: usize,
@@ -65,13 +65,13 @@ pub(crate) struct FixedMemory {
     reusable: AtomicBool,
 }
 
-impl FixedMemory {
+impl RegistrableMemory {
     /// A token for `len` bytes at `base`, with a fresh id; `reusable` says
     /// whether rings may register it yet (see [`Self::mark_reusable`]).
-    pub fn new(base: usize, len: usize, reusable: bool) -> Arc<FixedMemory> {
+    pub fn new(base: usize, len: usize, reusable: bool) -> Arc<RegistrableMemory> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Arc::new(FixedMemory {
+        Arc::new(RegistrableMemory {
             id,
             base,
             len,
@@ -101,7 +101,7 @@ impl FixedMemory {
     }
 }
 
-impl Drop for FixedMemory {
+impl Drop for RegistrableMemory {
     fn drop(&mut self) {
         if self.registered.load(Ordering::Acquire) {
             notify_retired();
@@ -218,7 +218,7 @@ extern "C" fn after_fork_in_child() {
 /// One registered slot of a ring's table.
 struct Slot {
     key: (u64, u32),
-    memory: Weak<FixedMemory>,
+    memory: Weak<RegistrableMemory>,
     /// The run that last used it (slots used by the current run are never
     /// replaced: its requests in flight name them).
     last_run: u64,
@@ -235,7 +235,7 @@ pub(crate) struct FixedTable {
     /// The ring's descriptor while the ring lives (the fork handler's way in).
     ring_fd: Option<RawFd>,
     /// Chunks the kernel refused to register (not tried again).
-    refused: HashMap<(u64, u32), Weak<FixedMemory>>,
+    refused: HashMap<(u64, u32), Weak<RegistrableMemory>>,
     /// Registrations refused in a row; fixed buffers go off for this ring at
     /// [`MAX_REFUSALS`].
     refusals: u32,
@@ -325,7 +325,7 @@ impl FixedTable {
     /// The table index to name in a READ_FIXED / WRITE_FIXED of `[addr,
     /// addr + len)` inside `memory`, registering its chunk first when no slot
     /// holds it yet; `None` when the request must be a plain one.
-    pub fn index_for(&mut self, ring: &IoUring, memory: &Arc<FixedMemory>, addr: usize, len: usize) -> Option<u16> {
+    pub fn index_for(&mut self, ring: &IoUring, memory: &Arc<RegistrableMemory>, addr: usize, len: usize) -> Option<u16> {
         if self.disabled || !memory.reusable.load(Ordering::Relaxed) {
             return None;
         }
@@ -421,7 +421,7 @@ mod tests {
     #[test]
     fn chunks_split_memory_at_1_gib_and_refuse_ranges_across_a_boundary() {
         let gib = knobs::FIXED_BUFFER_CHUNK;
-        let memory = FixedMemory::new(0x10_0000_0000, 2 * gib + 4096, true);
+        let memory = RegistrableMemory::new(0x10_0000_0000, 2 * gib + 4096, true);
         let base = memory.base;
         assert_eq!(memory.chunk_of(base, 4096), Some((0, base, gib)));
         assert_eq!(memory.chunk_of(base + gib, 1 << 20), Some((1, base + gib, gib)));
@@ -433,8 +433,8 @@ mod tests {
 
     #[test]
     fn tokens_never_share_an_id() {
-        let a = FixedMemory::new(4096, 4096, true);
-        let b = FixedMemory::new(4096, 4096, true);
+        let a = RegistrableMemory::new(4096, 4096, true);
+        let b = RegistrableMemory::new(4096, 4096, true);
         assert_ne!(a.id, b.id, "the same address must get a new id");
     }
 }

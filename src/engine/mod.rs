@@ -209,7 +209,7 @@ pub trait Engine: Send {
         segments: &[Segment],
         knobs: &Knobs,
         copy: Option<&BounceCopy>,
-        memory: Option<&Arc<fixed::FixedMemory>>,
+        memory: Option<&Arc<fixed::RegistrableMemory>>,
     ) -> std::result::Result<(), TransferError>;
     /// Between runs: lets go of registered memory that was freed.
     fn release_retired(&mut self) {}

@@ -162,7 +162,7 @@ impl Engine for PsyncEngine {
         segments: &[Segment],
         knobs: &Knobs,
         copy: Option<&BounceCopy>,
-        _memory: Option<&std::sync::Arc<super::fixed::FixedMemory>>,
+        _memory: Option<&std::sync::Arc<super::fixed::RegistrableMemory>>,
     ) -> Result<(), TransferError> {
         let all: Vec<Piece> = pieces(segments, knobs.block_size).collect();
         let threads = self.max_threads.min(knobs.queue_depth.max(1)).min(all.len());

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use io_uring::{opcode, types, IoUring};
 use parking_lot::Mutex;
 
-use super::fixed::{FixedMemory, FixedTable};
+use super::fixed::{FixedTable, RegistrableMemory};
 use super::{pieces, Engine, EngineKind, Knobs, Piece, Segment, Submitter};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::staging::BounceCopy;
@@ -39,7 +39,8 @@ pub struct UringEngine {
     reaped_count: usize,
     processed: usize,
     /// Registered memory (a worker's ring only; see `fixed.rs`), locked by
-    /// each run from its first request to its last completion.
+    /// each run over registrable memory from its first request to its last
+    /// completion.
     fixed: Option<Arc<Mutex<FixedTable>>>,
 }
 
@@ -125,7 +126,13 @@ impl UringEngine {
 
     /// Queues the request for the piece in `slot`: a READ_FIXED /
     /// WRITE_FIXED when its bytes lie in registered (or registrable) memory.
-    fn push(&mut self, direction: Direction, slot: usize, memory: Option<&Arc<FixedMemory>>, table: Option<&mut FixedTable>) {
+    fn push(
+        &mut self,
+        direction: Direction,
+        slot: usize,
+        memory: Option<&Arc<RegistrableMemory>>,
+        table: Option<&mut FixedTable>,
+    ) {
         let p = self.slots[slot].as_ref().expect("pushing an empty slot");
         let len = p.remaining() as u32;
         let fd = types::Fd(p.fd);
@@ -191,7 +198,7 @@ impl Engine for UringEngine {
         segments: &[Segment],
         knobs: &Knobs,
         copy: Option<&BounceCopy>,
-        memory: Option<&Arc<FixedMemory>>,
+        memory: Option<&Arc<RegistrableMemory>>,
     ) -> std::result::Result<(), TransferError> {
         let first_fd = segments.first().map(|s| s.fd).unwrap_or(-1);
         let first_offset = segments.first().map(|s| s.file_offset).unwrap_or(0);
@@ -207,7 +214,9 @@ impl Engine for UringEngine {
         if self.broken {
             return Err(ring_error(libc::EIO));
         }
-        let fixed = self.fixed.clone();
+        // Only a run over registrable memory takes the table (a fork waits
+        // for such runs only).
+        let fixed = memory.and_then(|_| self.fixed.clone());
         let mut table = fixed.as_ref().map(|t| t.lock());
         if let Some(table) = table.as_deref_mut() {
             table.start_run();

@@ -153,7 +153,7 @@ impl CpuOp {
         let region = if buffer.is_host() && buffer.is_contiguous() { manager.hold(buffer.ptr(), buffer.len()) } else { None };
         let direct = buffer.is_host() && buffer.is_contiguous() && (buffer.is_declared_pinned() || region.is_some());
         let mut gate = None;
-        let mut fixed_memory = region.as_ref().filter(|_| direct).map(|hold| hold.fixed_memory().clone());
+        let mut registrable = region.as_ref().filter(|_| direct).map(|hold| hold.registrable().clone());
         let memory = if direct {
             IoMemory::Direct { _keep_alive: staging, _region: region }
         } else {
@@ -173,7 +173,7 @@ impl CpuOp {
             // pre-faulted: no allocation or page faults per op.
             let skew = (file_offset % page_size() as u64) as usize;
             let mut bounce = StagingBuffer::take(skew + len)?;
-            fixed_memory = bounce.fixed_memory().cloned();
+            registrable = bounce.registrable().cloned();
             let host = buffer.is_host() && buffer.is_contiguous();
             let range = CopyRange {
                 direction,
@@ -246,7 +246,7 @@ impl CpuOp {
             knobs,
             direct_knobs,
             bounce_copy,
-            fixed_memory,
+            registrable,
         });
         let given = (buffer.ptr() as usize, len);
         Ok(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate, given, gate })

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
-use crate::engine::fixed::FixedMemory;
+use crate::engine::fixed::RegistrableMemory;
 use crate::engine::{Engine, Knobs, Segment};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::DioAlignment;
@@ -62,7 +62,7 @@ pub(crate) struct OpPlan {
     pub bounce_copy: Option<BounceCopy>,
     /// The registrable memory the I/O goes to or from (a managed region or
     /// the bounce buffer): rings name it as a fixed buffer.
-    pub fixed_memory: Option<Arc<FixedMemory>>,
+    pub registrable: Option<Arc<RegistrableMemory>>,
 }
 
 impl OpPlan {
@@ -83,7 +83,7 @@ impl OpPlan {
     pub fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> std::result::Result<(), TransferError> {
         let Some(slice) = self.slices.get(index) else { return Ok(()) };
         let attach = |e: TransferError| self.name_target(e);
-        let (copy, memory) = (self.bounce_copy.as_ref(), self.fixed_memory.as_ref());
+        let (copy, memory) = (self.bounce_copy.as_ref(), self.registrable.as_ref());
         if !slice.buffered.is_empty() {
             engine.run_with(self.direction, &slice.buffered, &self.knobs, copy, memory).map_err(attach)?;
         }
