@@ -27,9 +27,15 @@ fast`` uses DeepSpeed's FastPersist writer over an aio handle);
 after it. Batches depend only on (seed, step), so a resumed run sees the same
 data as an uninterrupted one. ``--json-out FILE`` writes everything measured
 as JSON (the tests read it).
+
+After ``engine.destroy()`` the script drops the references through which
+DeepSpeed keeps the destroyed model and its locked swap buffers alive
+(``release_deepspeed_references``) and prints deepnvme's locked memory before
+and after: all of it comes back.
 """
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -294,6 +300,64 @@ def deepnvme_counters():
     return {k: get(k) for k in ("ops", "bytes_read", "bytes_written", "bounced_bytes", "io_time_s", "wait_time_s")}
 
 
+def locked_memory():
+    """(regions, requested bytes, locked bytes) held by deepnvme's pinned-memory
+    manager, or None where deepnvme is not importable (the stock op)."""
+    try:
+        import deepnvme
+        return tuple(deepnvme.native().pinned_stats())
+    except (ImportError, AttributeError):
+        return None
+
+
+def release_deepspeed_references(module_ids):
+    """Drops the two references through which DeepSpeed (0.19.x) keeps a
+    destroyed ZeRO-3 engine's model, and with it every swap buffer its
+    parameters' swappers hold (locked memory), reachable for the life of the
+    process. Call it after ``engine.destroy()`` with the ids of the engine's
+    modules (``{id(m) for m in model.modules()}``).
+
+    * ``parameter_offload.FWD_MODULE_STACK``, a module-level list that the
+      top module is pushed onto when its hooks are set up and never popped
+      from: this engine's modules are taken out (other engines' stay).
+    * the ``functools.lru_cache`` on
+      ``PartitionedParameterCoordinator.__params_to_release``, keyed by
+      (coordinator, module, step): cleared (a pure cache: live engines
+      refill it on their next step).
+
+    Found with a reverse-reference walk over ``gc.get_objects()`` on
+    DeepSpeed 0.19.8; with both dropped, ``gc.collect()`` gives every swap
+    buffer back. Each step is skipped where DeepSpeed has no such object.
+    Returns what was dropped, for the log."""
+    dropped = []
+    try:
+        from deepspeed.runtime.zero import parameter_offload
+    except ImportError:
+        return dropped
+    stack = getattr(parameter_offload, "FWD_MODULE_STACK", None)
+    if isinstance(stack, list):
+        # (ids are safe here: the stack keeps its modules alive)
+        kept = [m for m in stack if id(m) not in module_ids]
+        if len(kept) != len(stack):
+            dropped.append(f"{len(stack) - len(kept)} module(s) on FWD_MODULE_STACK")
+            stack[:] = kept
+    try:
+        from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+    except ImportError:
+        return dropped
+    fn = getattr(PartitionedParameterCoordinator, "_PartitionedParameterCoordinator__params_to_release", None)
+    # DeepSpeed wraps the cached method in instrument_w_nvtx: the cache is the
+    # wrapper's __wrapped__ or a cell of its closure.
+    candidates = [fn, getattr(fn, "__wrapped__", None)]
+    candidates += [c.cell_contents for c in (getattr(fn, "__closure__", None) or ())]
+    for c in candidates:
+        if callable(getattr(c, "cache_clear", None)):
+            c.cache_clear()
+            dropped.append("the __params_to_release cache")
+            break
+    return dropped
+
+
 def mib(n):
     return f"{n / (1 << 20):8.2f} MiB"
 
@@ -408,7 +472,23 @@ def train(args, on_engine=None):
         print(f"mean step {sum(steady) / len(steady) * 1000:.1f} ms (after the first); per step: read "
               f"{mib(sum(result['read_bytes']) / n)}, written {mib(sum(result['write_bytes']) / n)}", flush=True)
     engine.destroy()
-    del engine, model
+    # What is left once the job lets go of everything: deepnvme frees a swap
+    # buffer with its last reference, so any locked memory still held is
+    # held through DeepSpeed (see release_deepspeed_references).
+    our_modules = {id(m) for m in model.modules()}
+    del engine, model, optimizer
+    loss = x = y = None  # the last step's graph reaches the modules too
+    gc.collect()
+    locked_at_destroy = locked_memory()
+    dropped = release_deepspeed_references(our_modules)
+    gc.collect()
+    result["locked_at_destroy"] = locked_at_destroy
+    result["locked_after_release"] = locked_memory()
+    if locked_at_destroy is not None and op_name.startswith("deepnvme"):
+        after = result["locked_after_release"]
+        print(f"deepnvme locked memory after engine.destroy() and gc: {locked_at_destroy[0]} regions, "
+              f"{mib(locked_at_destroy[2]).strip()}; after dropping DeepSpeed's references "
+              f"({', '.join(dropped) or 'none found'}): {after[0]} regions, {mib(after[2]).strip()}", flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(result, f, indent=1)
