@@ -97,6 +97,8 @@ pub struct OpenFile {
     dio: Option<DioAlignment>,
     /// The size `statx` gave with the alignment, when the op opened the file.
     size_at_open: Option<u64>,
+    /// Device and inode, from the same `statx` (direct descriptors only).
+    identity: Option<FileIdentity>,
     /// Access mode (`O_RDONLY`/`O_WRONLY`/`O_RDWR`) for the buffered twin.
     /// For a caller's descriptor it is that descriptor's own mode: the twin
     /// must never grant what the caller's fd does not (a write through a
@@ -150,10 +152,20 @@ pub fn dio_alignment(fd: RawFd) -> Option<DioAlignment> {
     stat_for_io(fd).0
 }
 
+/// Which file an open descriptor names (device and inode): two ops on one
+/// file through different descriptors or paths have the same identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileIdentity {
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub ino: u64,
+}
+
 /// One `statx` for what an op needs of a file it just opened: the O_DIRECT
-/// alignment (as [`dio_alignment`]) and the size (`None` when statx gave
-/// none), so that a read's extent check needs no second system call.
-fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>) {
+/// alignment (as [`dio_alignment`]), the size (`None` when statx gave
+/// none), so that a read's extent check needs no second system call, and
+/// the file's identity.
+fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>, Option<FileIdentity>) {
     // SAFETY: statx fills a zeroed struct; the empty path with AT_EMPTY_PATH
     // refers to `fd` itself.
     unsafe {
@@ -163,21 +175,27 @@ fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>) {
             fd,
             empty.as_ptr() as *const libc::c_char,
             libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN | libc::STATX_SIZE,
+            libc::STATX_DIOALIGN | libc::STATX_SIZE | libc::STATX_INO,
             &mut stx,
         );
         let size = (rc == 0 && stx.stx_mask & libc::STATX_SIZE != 0).then_some(stx.stx_size);
+        // (statx always fills the device numbers)
+        let identity = (rc == 0 && stx.stx_mask & libc::STATX_INO != 0).then_some(FileIdentity {
+            dev_major: stx.stx_dev_major,
+            dev_minor: stx.stx_dev_minor,
+            ino: stx.stx_ino,
+        });
         if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
-            return (Some(CONSERVATIVE_DIO_ALIGNMENT), size);
+            return (Some(CONSERVATIVE_DIO_ALIGNMENT), size, identity);
         }
         if stx.stx_dio_offset_align == 0 {
-            return (None, size);
+            return (None, size, identity);
         }
         let alignment = DioAlignment {
             offset: stx.stx_dio_offset_align as usize,
             memory: (stx.stx_dio_mem_align as usize).max(1),
         };
-        (Some(alignment), size)
+        (Some(alignment), size, identity)
     }
 }
 
@@ -230,7 +248,7 @@ impl OpenFile {
         let file_err = |source| Error::File { path: path.to_path_buf(), action, source };
         match open_raw(path, base | libc::O_DIRECT, 0o600) {
             Ok(fd) => {
-                let (dio, size_at_open) = stat_for_io(fd);
+                let (dio, size_at_open, identity) = stat_for_io(fd);
                 // When the file system reports no direct I/O despite
                 // accepting the flag, the buffered twin is opened on demand.
                 Ok(OpenFile {
@@ -242,6 +260,7 @@ impl OpenFile {
                     owned: vec![fd],
                     dio,
                     size_at_open,
+                    identity,
                     twin_access: base & libc::O_ACCMODE,
                 })
             }
@@ -266,6 +285,7 @@ impl OpenFile {
                     owned: vec![fd],
                     dio: None,
                     size_at_open: None,
+                    identity: None,
                     twin_access: base & libc::O_ACCMODE,
                 })
             }
@@ -316,13 +336,13 @@ impl OpenFile {
                 dup
             }
         };
-        let (direct_fd, buffered_fd, dio, size_at_open) = if flags & libc::O_DIRECT != 0 {
+        let (direct_fd, buffered_fd, dio, size_at_open, identity) = if flags & libc::O_DIRECT != 0 {
             match stat_for_io(own) {
-                (Some(a), size) => (Some(own), None, Some(a), size),
-                (None, size) => (None, None, None, size),
+                (Some(a), size, identity) => (Some(own), None, Some(a), size, identity),
+                (None, size, identity) => (None, None, None, size, identity),
             }
         } else {
-            (None, Some(own), None, None)
+            (None, Some(own), None, None, None)
         };
         Ok(OpenFile {
             path: None,
@@ -333,6 +353,7 @@ impl OpenFile {
             owned: vec![own],
             dio,
             size_at_open,
+            identity,
             twin_access: access,
         })
     }
@@ -387,6 +408,11 @@ impl OpenFile {
 
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// The file's device and inode, when the op has a direct descriptor.
+    pub fn identity(&self) -> Option<FileIdentity> {
+        self.identity
     }
 
     /// Size of the file: as `statx` gave it when the op opened the file

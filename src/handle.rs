@@ -23,6 +23,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -39,7 +40,7 @@ use crate::file::FileTarget;
 use crate::gds::{GdsDriver, GdsDriverGuard};
 use crate::knobs;
 use crate::op::checks::check_divisible;
-use crate::op::work::{OpCompletion, OpMeta, OpWork, PreparedOp};
+use crate::op::work::{Footprint, OpCompletion, OpMeta, OpWork, PreparedOp};
 use crate::stats::{self, Counters, OpRecord, Stats};
 use crate::op::{CpuOp, OpRequest};
 use crate::pinned::PinnedMemoryManager;
@@ -129,6 +130,19 @@ impl Job {
     }
 }
 
+impl Job {
+    /// Completes the slice with the outcome of its streamed run.
+    fn finish_streamed(self, outcome: std::result::Result<(), crate::error::TransferError>) {
+        let outcome = outcome.map_err(|e| self.op.work.stream_error(e));
+        self.finish(outcome);
+    }
+
+    fn finish(mut self, outcome: Result<()>) {
+        self.ran = true;
+        self.op.complete_slice(outcome);
+    }
+}
+
 impl Drop for Job {
     fn drop(&mut self) {
         if !self.ran {
@@ -171,10 +185,30 @@ fn worker_engine(kind: EngineKind, queue_depth: usize, submitter: Submitter) -> 
     }
 }
 
-fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<WorkerMsg>) {
+/// How a handle's workers streamed ops (the tests read it).
+#[derive(Default)]
+pub(crate) struct StreamTally {
+    /// Runs started while an earlier run of the same ring was unfinished.
+    pub overlapped: AtomicU64,
+    /// Queued slices that had to wait for the ring to drain because they
+    /// share written bytes with a started run.
+    pub held_for_order: AtomicU64,
+}
+
+fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<WorkerMsg>, tally: Arc<StreamTally>) {
     // The worker's engine is made on, and only ever used by, this thread.
     let mut engine = worker_engine(kind, queue_depth, Submitter::OneThread);
-    for msg in jobs {
+    let stream = knobs::settings().op_stream;
+    // A message a stream stopped at, to be taken before the queue's next.
+    let mut held_back: Option<WorkerMsg> = None;
+    loop {
+        let msg = match held_back.take() {
+            Some(msg) => msg,
+            None => match jobs.recv() {
+                Ok(msg) => msg,
+                Err(_) => break,
+            },
+        };
         let job = match msg {
             WorkerMsg::Run(job) => job,
             WorkerMsg::ReleaseRetired => {
@@ -182,11 +216,114 @@ fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<Worker
                 continue;
             }
         };
-        let clean = job.run(engine.as_mut());
+        let streamed = if stream && engine.streams_runs() { job.op.work.stream_run(job.slice) } else { None };
+        let clean = match streamed {
+            Some(first) => {
+                let mut queued = QueuedRuns {
+                    jobs: Some(&jobs),
+                    first: Some((job, first)),
+                    tally: Some(&tally),
+                    ..QueuedRuns::default()
+                };
+                let clean = match catch_unwind(AssertUnwindSafe(|| engine.run_stream(&mut queued))) {
+                    Ok(()) => true,
+                    Err(payload) => {
+                        // As for a panicking slice: nothing of the started
+                        // runs may be in flight when their ops fail.
+                        let _ = catch_unwind(AssertUnwindSafe(|| engine.quiesce()));
+                        queued.fail_started(&format!("internal error (panic) in an I/O worker: {}", panic_text(&*payload)));
+                        false
+                    }
+                };
+                held_back = queued.held_back.take();
+                clean
+            }
+            None => job.run(engine.as_mut()),
+        };
         // A ring that failed (or a run that panicked midway) is not trusted
         // with the next op: start a fresh engine.
         if !clean || engine.is_broken() {
             engine = worker_engine(kind, queue_depth, Submitter::OneThread);
+        }
+    }
+}
+
+/// A worker's queue as the source of its ring's stream: the slice the
+/// worker took, then whichever slices are already queued behind it, each
+/// started when the ring has room. A queued slice stops the stream (it runs
+/// once the ring has drained) when it cannot stream, or when it shares bytes
+/// of a file with a started run and one of them writes: ops on the same
+/// bytes keep their submission order, as when each op drained the ring.
+#[derive(Default)]
+struct QueuedRuns<'a> {
+    jobs: Option<&'a mpsc::Receiver<WorkerMsg>>,
+    first: Option<(Job, (engine::StreamRun, Footprint))>,
+    /// Started and not yet done: (run number, job, what it touches).
+    started: Vec<(usize, Job, Footprint)>,
+    next_n: usize,
+    held_back: Option<WorkerMsg>,
+    tally: Option<&'a StreamTally>,
+}
+
+impl QueuedRuns<'_> {
+    fn take_next(&mut self) -> Option<(Job, (engine::StreamRun, Footprint))> {
+        if let Some(first) = self.first.take() {
+            return Some(first);
+        }
+        if self.held_back.is_some() || self.next_n >= knobs::MAX_STREAMED_OPS {
+            return None;
+        }
+        let job = match self.jobs?.try_recv() {
+            Ok(WorkerMsg::Run(job)) => job,
+            Ok(other) => {
+                self.held_back = Some(other);
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let run = job.op.work.stream_run(job.slice);
+        let conflicts = |fp: &Footprint| self.started.iter().any(|(_, _, s)| s.conflicts_with(fp));
+        let blocked = match &run {
+            None => true,
+            Some((_, fp)) if conflicts(fp) => {
+                if let Some(tally) = self.tally {
+                    tally.held_for_order.fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            }
+            Some(_) => false,
+        };
+        if blocked {
+            self.held_back = Some(WorkerMsg::Run(job));
+            return None;
+        }
+        run.map(|run| (job, run))
+    }
+
+    /// Fails every started run (after a panic, once the engine is quiet).
+    fn fail_started(&mut self, detail: &str) {
+        for (_, job, _) in self.started.drain(..) {
+            let e = job.op.work.slice_error(job.slice, detail.to_string());
+            job.finish(Err(e));
+        }
+    }
+}
+
+impl engine::StreamSource for QueuedRuns<'_> {
+    fn next_run(&mut self) -> Option<engine::StreamRun> {
+        let (job, (run, footprint)) = self.take_next()?;
+        if let (Some(tally), false) = (self.tally, self.started.is_empty()) {
+            tally.overlapped.fetch_add(1, Ordering::Relaxed);
+        }
+        self.started.push((self.next_n, job, footprint));
+        self.next_n += 1;
+        Some(run)
+    }
+
+    fn run_done(&mut self, n: usize, outcome: std::result::Result<(), crate::error::TransferError>) {
+        if let Some(i) = self.started.iter().position(|(k, _, _)| *k == n) {
+            let (_, job, _) = self.started.remove(i);
+            job.finish_streamed(outcome);
         }
     }
 }
@@ -243,6 +380,7 @@ pub struct IoHandle {
     device_route: DeviceRoute,
     /// What this handle did (the process-wide counters get the same records).
     counters: Counters,
+    stream_tally: Arc<StreamTally>,
     /// The process that created the handle. A child made by fork() inherits
     /// the handle but not its worker threads (and shares its rings with the
     /// parent), so every entry point refuses to run in another process.
@@ -366,12 +504,14 @@ impl IoHandle {
         stats::report_at_exit_if_asked();
         let engine_kind = resolve_engine(&config)?;
         let mut workers = Vec::with_capacity(config.intra_op_parallelism);
+        let stream_tally = Arc::new(StreamTally::default());
         for index in 0..config.intra_op_parallelism {
             let (tx, rx) = mpsc::channel::<WorkerMsg>();
             let qd = config.queue_depth;
+            let tally = stream_tally.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("deepnvme-io-{index}"))
-                .spawn(move || worker_loop(engine_kind, qd, rx))
+                .spawn(move || worker_loop(engine_kind, qd, rx, tally))
                 .map_err(|e| Error::Engine(format!("spawning I/O worker {index}: {e}")))?;
             let tx = Arc::new(tx);
             if engine_kind == EngineKind::Uring {
@@ -390,6 +530,7 @@ impl IoHandle {
             manager: PinnedMemoryManager::shared(),
             device_route,
             counters: Counters::new(),
+            stream_tally,
             creator_pid: std::process::id(),
         })
     }
@@ -830,6 +971,13 @@ impl IoHandle {
 
     /// What this handle did so far: ops, bytes, bounced bytes, failures,
     /// latency (see [`crate::stats`]).
+    /// (runs its workers started while an earlier one was unfinished,
+    /// slices held back to keep the order of ops on the same bytes).
+    #[cfg_attr(not(test), allow(dead_code))] // read by the internal tests
+    pub(crate) fn stream_counts(&self) -> (u64, u64) {
+        (self.stream_tally.overlapped.load(Ordering::Relaxed), self.stream_tally.held_for_order.load(Ordering::Relaxed))
+    }
+
     pub fn stats(&self) -> Stats {
         self.counters.snapshot()
     }

@@ -96,6 +96,14 @@ pub const FIXED_BUFFER_SLOTS: u32 = 256;
 /// an iovec over 1 GiB, so larger memory is registered in 1 GiB chunks.
 pub const FIXED_BUFFER_CHUNK: usize = 1 << 30;
 
+/// `0`: a worker drains its ring before it starts the next op (see
+/// [`MAX_STREAMED_OPS`]).
+pub const OP_STREAM_ENV: &str = "DEEPNVME_OP_STREAM";
+/// The most ops one worker ring streams back to back before it lets its
+/// ring drain once (so that a fork, which waits for a ring's run, and the
+/// release of freed registered memory are never put off for long).
+pub const MAX_STREAMED_OPS: usize = 256;
+
 /// Who reads a variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
@@ -168,6 +176,13 @@ pub const VARIABLES: &[EnvVar] = &[
         default: "`1`",
         meaning: "`0`: io_uring never registers locked or bounce memory as fixed buffers (each request then pins \
                   its pages itself, as libaio does)",
+    },
+    EnvVar {
+        name: OP_STREAM_ENV,
+        scope: Scope::Core,
+        default: "`1`",
+        meaning: "`0`: a worker waits for its ring to drain before it starts the next queued op (else back-to-back \
+                  ops stream through one ring, with requests of the next op filling the slots the last one frees)",
     },
     EnvVar {
         name: STATS_ENV,
@@ -301,6 +316,8 @@ pub struct Settings {
     pub bounce_pool_max_bytes: usize,
     /// [`FIXED_BUFFERS_ENV`] is not `0`.
     pub fixed_buffers: bool,
+    /// [`OP_STREAM_ENV`] is not `0`.
+    pub op_stream: bool,
 }
 
 fn non_blank(name: &str) -> Option<String> {
@@ -336,6 +353,7 @@ impl Settings {
                 .unwrap_or(DEFAULT_BOUNCE_POOL_MB)
                 .saturating_mul(1 << 20),
             fixed_buffers: !matches!(std::env::var(FIXED_BUFFERS_ENV).as_deref().map(str::trim), Ok("0")),
+            op_stream: !matches!(std::env::var(OP_STREAM_ENV).as_deref().map(str::trim), Ok("0")),
         }
     }
 }

@@ -211,6 +211,22 @@ pub trait Engine: Send {
         copy: Option<&BounceCopy>,
         memory: Option<&Arc<fixed::RegistrableMemory>>,
     ) -> std::result::Result<(), TransferError>;
+    /// Runs what `source` gives, one run after another: each run's outcome
+    /// goes to `source.run_done` as soon as it is known. An engine that can
+    /// keep several runs in flight at once (io_uring) starts the next run's
+    /// requests in the slots the last one frees instead of draining first.
+    fn run_stream(&mut self, source: &mut dyn StreamSource) {
+        let mut n = 0;
+        while let Some(run) = source.next_run() {
+            let outcome = self.run_with(run.direction, &run.segments, &run.knobs, None, run.memory.as_ref());
+            source.run_done(n, outcome);
+            n += 1;
+        }
+    }
+    /// Whether `run_stream` overlaps runs (else the worker need not use it).
+    fn streams_runs(&self) -> bool {
+        false
+    }
     /// Between runs: lets go of registered memory that was freed.
     fn release_retired(&mut self) {}
     /// After a panic unwound out of `run_with`: returns only once nothing
@@ -222,6 +238,77 @@ pub trait Engine: Send {
     /// failed); the owner replaces it.
     fn is_broken(&self) -> bool {
         false
+    }
+}
+
+/// One op's slice as a worker ring streams it (see [`Engine::run_stream`]):
+/// direct segments only, no copy between blocks, DeepSpeed's overlap mode
+/// (`overlap_events` on, `single_submit` off).
+pub(crate) struct StreamRun {
+    pub direction: Direction,
+    pub segments: Vec<Segment>,
+    pub knobs: Knobs,
+    pub memory: Option<Arc<fixed::RegistrableMemory>>,
+}
+
+/// What feeds [`Engine::run_stream`]: a worker's queue of slices.
+pub(crate) trait StreamSource {
+    /// The next run to start, asked whenever the ring has a free slot and
+    /// no started run has requests left to send. `None`: no more (the
+    /// stream ends once the started runs complete).
+    fn next_run(&mut self) -> Option<StreamRun>;
+    /// Run number `n` (counting from 0 in the order `next_run` gave them)
+    /// has completed: every request done, or its first error once nothing
+    /// of it is in flight.
+    fn run_done(&mut self, n: usize, outcome: std::result::Result<(), TransferError>);
+}
+
+/// The pieces of a run, cut as they are sent.
+pub(crate) struct PieceCursor {
+    segments: Vec<Segment>,
+    block: usize,
+    segment: usize,
+    offset: usize,
+}
+
+impl PieceCursor {
+    pub fn new(segments: Vec<Segment>, block_size: usize) -> Self {
+        PieceCursor { segments, block: block_size.max(1), segment: 0, offset: 0 }
+    }
+    pub fn has_more(&self) -> bool {
+        let sent = |i: usize| if i == self.segment { self.offset } else { 0 };
+        self.segments.iter().enumerate().skip(self.segment).any(|(i, s)| s.len > sent(i))
+    }
+    /// Every segment of the run (for naming it in an error).
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+}
+
+impl Iterator for PieceCursor {
+    type Item = Piece;
+    fn next(&mut self) -> Option<Piece> {
+        while let Some(s) = self.segments.get(self.segment) {
+            if self.offset >= s.len {
+                self.segment += 1;
+                self.offset = 0;
+                continue;
+            }
+            let off = self.offset;
+            let len = self.block.min(s.len - off);
+            self.offset += len;
+            return Some(Piece {
+                fd: s.fd,
+                file_offset: s.file_offset + off as u64,
+                // SAFETY: off < s.len, inside the segment.
+                addr: unsafe { s.addr.add(off) },
+                len,
+                done: 0,
+                eagain: 0,
+                eintr: 0,
+            });
+        }
+        None
     }
 }
 

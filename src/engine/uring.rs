@@ -19,7 +19,7 @@ use io_uring::{opcode, types, IoUring};
 use parking_lot::Mutex;
 
 use super::fixed::{FixedTable, RegistrableMemory};
-use super::{pieces, Engine, EngineKind, Knobs, Piece, Segment, Submitter};
+use super::{pieces, Engine, EngineKind, Knobs, Piece, PieceCursor, Segment, StreamSource, Submitter};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::staging::BounceCopy;
 
@@ -28,6 +28,8 @@ pub struct UringEngine {
     capacity: usize,
     /// In-flight pieces, indexed by `user_data`.
     slots: Vec<Option<Piece>>,
+    /// Which run of a stream each slot's piece belongs to.
+    slot_run: Vec<usize>,
     free_slots: Vec<usize>,
     /// Set when `io_uring_enter` failed for good: the ring may hold entries
     /// the kernel never took, which must never be submitted later.
@@ -116,6 +118,7 @@ impl UringEngine {
             ring,
             capacity,
             slots: vec![None; capacity],
+            slot_run: vec![0; capacity],
             free_slots: (0..capacity).rev().collect(),
             broken: false,
             reaped: Vec::new(),
@@ -178,6 +181,14 @@ impl Engine for UringEngine {
 
     fn is_broken(&self) -> bool {
         self.broken
+    }
+
+    fn run_stream(&mut self, source: &mut dyn StreamSource) {
+        self.stream(source);
+    }
+
+    fn streams_runs(&self) -> bool {
+        true
     }
 
     fn release_retired(&mut self) {
@@ -322,7 +333,179 @@ impl Engine for UringEngine {
     }
 }
 
+/// A run of a stream that has started: its requests left to send, how
+/// many are in flight, and its first error.
+struct StreamedRun {
+    n: usize,
+    direction: Direction,
+    cursor: PieceCursor,
+    memory: Option<Arc<RegistrableMemory>>,
+    in_flight: usize,
+    first_error: Option<TransferError>,
+}
+
+impl StreamedRun {
+    fn sends_more(&self) -> bool {
+        self.first_error.is_none() && self.cursor.has_more()
+    }
+    fn is_done(&self) -> bool {
+        self.in_flight == 0 && !self.sends_more()
+    }
+    fn ring_error(&self, errno: i32) -> TransferError {
+        stream_ring_error(self.direction, self.cursor.segments(), errno)
+    }
+}
+
+/// A run's error when its ring failed: names its first segment, and all its bytes.
+fn stream_ring_error(direction: Direction, segments: &[Segment], errno: i32) -> TransferError {
+    TransferError {
+        direction,
+        path: None,
+        fd: segments.first().map(|s| s.fd).unwrap_or(-1),
+        file_offset: segments.first().map(|s| s.file_offset).unwrap_or(0),
+        len: segments.iter().map(|s| s.len).sum(),
+        errno,
+        detail: Some("io_uring_enter failed; the ring is abandoned".into()),
+    }
+}
+
 impl UringEngine {
+    /// The stream (see `Engine::run_stream`): requests of the oldest started
+    /// run go first; when no started run has any left and a slot is free,
+    /// the source is asked for the next run, so back-to-back ops keep the
+    /// ring full instead of letting it drain between them. Each run's
+    /// completions are checked as in `run_with`, and a failing run stops
+    /// only its own requests.
+    fn stream(&mut self, source: &mut dyn StreamSource) {
+        if self.broken {
+            let mut n = 0;
+            while let Some(run) = source.next_run() {
+                source.run_done(n, Err(stream_ring_error(run.direction, &run.segments, libc::EIO)));
+                n += 1;
+            }
+            return;
+        }
+        let mut active: Vec<StreamedRun> = Vec::new();
+        let mut next_n = 0usize;
+        let mut depth = self.capacity;
+        let mut in_flight = 0usize;
+        // The fixed-buffer table is taken when the first run over
+        // registrable memory starts, and held to the end of the stream.
+        let fixed = self.fixed.clone();
+        let mut table: Option<parking_lot::MutexGuard<'_, FixedTable>> = None;
+        let mut completions = std::mem::take(&mut self.reaped);
+        loop {
+            // Fill the free slots.
+            while in_flight < depth {
+                let Some(index) = active.iter().position(StreamedRun::sends_more) else {
+                    // Asked again after every wait: an op queued while the
+                    // ring was busy starts in the slots its predecessors free.
+                    match source.next_run() {
+                        Some(run) => {
+                            if active.is_empty() && in_flight == 0 {
+                                depth = run.knobs.queue_depth.clamp(1, self.capacity);
+                            }
+                            let memory = run.memory.filter(|_| fixed.is_some());
+                            if memory.is_some() {
+                                let guard = table.get_or_insert_with(|| fixed.as_ref().expect("fixed table").lock());
+                                guard.start_run();
+                            }
+                            // Pieces longer than u32 cannot be one SQE.
+                            let block = run.knobs.block_size.clamp(1, 1 << 30);
+                            active.push(StreamedRun {
+                                n: next_n,
+                                direction: run.direction,
+                                cursor: PieceCursor::new(run.segments, block),
+                                memory,
+                                in_flight: 0,
+                                first_error: None,
+                            });
+                            next_n += 1;
+                            continue;
+                        }
+                        None => break,
+                    }
+                };
+                let run = &mut active[index];
+                let piece = run.cursor.next().expect("a run that sends more has a piece");
+                let slot = self.free_slots.pop().expect("free slot accounting");
+                self.slots[slot] = Some(piece);
+                self.slot_run[slot] = run.n;
+                run.in_flight += 1;
+                in_flight += 1;
+                let (direction, memory) = (run.direction, run.memory.clone());
+                self.push(direction, slot, memory.as_ref(), table.as_deref_mut());
+            }
+            // Report the runs that are over (a run with no bytes is over at once).
+            let mut i = 0;
+            while i < active.len() {
+                if active[i].is_done() {
+                    let run = active.remove(i);
+                    source.run_done(run.n, run.first_error.map_or(Ok(()), Err));
+                } else {
+                    i += 1;
+                }
+            }
+            if in_flight == 0 {
+                // Nothing started is left, and the source just said it has
+                // no more.
+                break;
+            }
+            if let Err(errno) = self.submit_wait(1) {
+                let first = active.first().map(|r| r.ring_error(errno));
+                if let Some(e) = first {
+                    self.abandon(in_flight, e);
+                } else {
+                    self.drain_without_entering(in_flight, "io_uring failed");
+                }
+                for run in active.drain(..) {
+                    let e = run.first_error.clone().unwrap_or_else(|| run.ring_error(errno));
+                    source.run_done(run.n, Err(e));
+                }
+                break;
+            }
+            completions.clear();
+            completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            self.processed = 0;
+            for &(user_data, res) in &completions {
+                // Counted before the work, as in `run_with`.
+                self.processed += 1;
+                self.reaped_count = completions.len();
+                let slot = user_data as usize;
+                let mut piece = self.slots[slot].take().expect("completion for an empty slot");
+                let index = active.iter().position(|r| r.n == self.slot_run[slot]).expect("completion of a started run");
+                let run = &mut active[index];
+                match piece.complete(run.direction, res as i64) {
+                    Ok(true) => {
+                        self.free_slots.push(slot);
+                        run.in_flight -= 1;
+                        in_flight -= 1;
+                    }
+                    Ok(false) if run.first_error.is_none() => {
+                        // Short or interrupted: send the remainder again.
+                        self.slots[slot] = Some(piece);
+                        let (direction, memory) = (run.direction, run.memory.clone());
+                        self.push(direction, slot, memory.as_ref(), table.as_deref_mut());
+                    }
+                    Ok(false) => {
+                        self.free_slots.push(slot);
+                        run.in_flight -= 1;
+                        in_flight -= 1;
+                    }
+                    Err(e) => {
+                        self.free_slots.push(slot);
+                        run.in_flight -= 1;
+                        in_flight -= 1;
+                        run.first_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        self.reaped = completions;
+        self.reaped_count = 0;
+        self.processed = 0;
+    }
+
     /// Pieces the kernel may hold: taken slots.
     fn occupied(&self) -> usize {
         self.slots.iter().filter(|s| s.is_some()).count()

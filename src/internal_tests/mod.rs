@@ -11,3 +11,4 @@ mod engines;
 mod plans;
 mod misuse;
 mod robustness;
+mod streams;

@@ -247,6 +247,7 @@ impl CpuOp {
             direct_knobs,
             bounce_copy,
             registrable,
+            file_identity: file.identity(),
         });
         let given = (buffer.ptr() as usize, len);
         Ok(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate, given, gate })

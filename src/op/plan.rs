@@ -19,10 +19,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::engine::fixed::RegistrableMemory;
-use crate::engine::{Engine, Knobs, Segment};
+use crate::engine::{Engine, Knobs, Segment, StreamRun};
 use crate::error::{Direction, Error, Result, TransferError};
-use crate::file::DioAlignment;
-use crate::op::work::OpWork;
+use crate::file::{DioAlignment, FileIdentity};
+use crate::op::work::{Footprint, OpWork};
 use crate::pinned::page_size;
 use crate::staging::BounceCopy;
 
@@ -63,6 +63,8 @@ pub(crate) struct OpPlan {
     /// The registrable memory the I/O goes to or from (a managed region or
     /// the bounce buffer): rings name it as a fixed buffer.
     pub registrable: Option<Arc<RegistrableMemory>>,
+    /// The file's device and inode (known when it has a direct descriptor).
+    pub file_identity: Option<FileIdentity>,
 }
 
 impl OpPlan {
@@ -100,6 +102,36 @@ impl OpWork for OpPlan {
     }
     fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> Result<()> {
         OpPlan::run_slice(self, index, engine).map_err(Error::from)
+    }
+    fn stream_run(&self, index: usize) -> Option<(StreamRun, Footprint)> {
+        // Only what one engine run moves with no copy between blocks, in
+        // DeepSpeed's overlap mode; the rest keeps `run_slice`.
+        let slice = self.slices.get(index)?;
+        let knobs = self.direct_knobs;
+        let streams = self.bounce_copy.is_none()
+            && slice.buffered.is_empty()
+            && !slice.direct.is_empty()
+            && knobs.overlap_events
+            && !knobs.single_submit;
+        if !streams {
+            return None;
+        }
+        let footprint = Footprint {
+            file: self.file_identity?,
+            start: slice.direct.iter().map(|g| g.file_offset).min()?,
+            end: slice.direct.iter().map(|g| g.file_offset + g.len as u64).max()?,
+            writes: self.direction == Direction::Write,
+        };
+        let run = StreamRun {
+            direction: self.direction,
+            segments: slice.direct.clone(),
+            knobs,
+            memory: self.registrable.clone(),
+        };
+        Some((run, footprint))
+    }
+    fn stream_error(&self, e: TransferError) -> Error {
+        Error::from(self.name_target(e))
     }
     fn slice_error(&self, index: usize, detail: String) -> Error {
         let slice = self.slices.get(index);

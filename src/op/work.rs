@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
-use crate::engine::Engine;
-use crate::error::{Error, Result};
+use crate::engine::{Engine, StreamRun};
+use crate::error::{Error, Result, TransferError};
+use crate::file::FileIdentity;
 
 /// The part of an op that workers run, one slice per job. CPU ops cut their
 /// bytes into per-worker slices; a GPUDirect op is one slice that drives
@@ -17,6 +18,33 @@ pub(crate) trait OpWork: Send + Sync {
     fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> Result<()>;
     /// Describes slice `index` for an error when it could not be run at all.
     fn slice_error(&self, index: usize, detail: String) -> Error;
+    /// Slice `index` as one run of a worker ring's stream, when it can be
+    /// one, with the file bytes it touches (see `handle.rs`, `QueuedRuns`).
+    fn stream_run(&self, _index: usize) -> Option<(StreamRun, Footprint)> {
+        None
+    }
+    /// The error of a streamed slice, as `run_slice` would have reported it.
+    fn stream_error(&self, e: TransferError) -> Error {
+        Error::from(e)
+    }
+}
+
+/// The bytes of one file a streamed slice reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Footprint {
+    pub file: FileIdentity,
+    pub start: u64,
+    pub end: u64,
+    pub writes: bool,
+}
+
+impl Footprint {
+    /// Whether the two must not be in flight together: they share bytes of
+    /// one file and one of them writes them (a read after a write, or two
+    /// writes, must see the order they were submitted in).
+    pub fn conflicts_with(&self, other: &Footprint) -> bool {
+        self.file == other.file && self.start < other.end && other.start < self.end && (self.writes || other.writes)
+    }
 }
 
 /// How an op completes in `wait()` once all its slices ran: report the

@@ -1,0 +1,144 @@
+//! Back-to-back ops streaming through one worker ring (`QueuedRuns` in
+//! `handle.rs`, `UringEngine::stream`): queued ops start in the slots their
+//! predecessors free, land right, keep their order where they share written
+//! bytes, and fail alone.
+
+use super::common::*;
+use crate::engine::EngineKind;
+use crate::{FileTarget, IoHandle};
+
+const OP: usize = 256 << 10;
+const OPS: usize = 64;
+
+/// A one-worker io_uring handle in DeepSpeed's overlap mode: every op of
+/// a test goes through the same ring. `None` where io_uring is unavailable
+/// or streaming is switched off (said on stderr).
+fn streaming_handle() -> Option<IoHandle> {
+    if !engines().contains(&EngineKind::Uring) {
+        return None;
+    }
+    if !crate::knobs::settings().op_stream {
+        skip("op streaming not tested: DEEPNVME_OP_STREAM=0");
+        return None;
+    }
+    Some(handle_with(EngineKind::Uring, 64 << 10, 8, false, true, 1))
+}
+
+#[test]
+fn back_to_back_ops_stream_through_one_ring_and_land_right() {
+    let Some(h) = streaming_handle() else { return };
+    let dir = TempDir::new("stream");
+    let path = dir.file("many.bin");
+    let data = pattern(21, OP * OPS);
+    let src = Pinned::with(&data);
+    // Several rounds: the first op of a round may find the queue empty.
+    for round in 0..4 {
+        for i in 0..OPS {
+            h.pwrite(src.narrow(i * OP, OP), FileTarget::Path(&path), (i * OP) as i64, true).unwrap();
+        }
+        assert_eq!(h.wait().unwrap(), OPS, "round {round}: every write finished");
+    }
+    assert_bytes_eq(&read_file(&path), &data, "file after 64 streamed writes");
+    let dst = Pinned::new(OP * OPS);
+    for i in (0..OPS).rev() {
+        h.pread(dst.narrow(i * OP, OP), FileTarget::Path(&path), (i * OP) as i64, true).unwrap();
+    }
+    assert_eq!(h.wait().unwrap(), OPS);
+    assert_bytes_eq(dst.as_slice(), &data, "64 streamed reads");
+    let (overlapped, held) = h.stream_counts();
+    assert!(overlapped > 0, "no op ever started while an earlier one was in flight");
+    assert_eq!(held, 0, "ops on distinct bytes were held back for order");
+}
+
+#[test]
+fn ops_on_the_same_bytes_keep_their_submission_order() {
+    let Some(h) = streaming_handle() else { return };
+    let dir = TempDir::new("stream-order");
+    let filler_path = dir.file("filler.bin");
+    let path = dir.file("same.bin");
+    let filler = Pinned::with(&pattern(1, OP * 16));
+    let first = pattern(2, OP);
+    let second = pattern(3, OP);
+    let (a, b) = (Pinned::with(&first), Pinned::with(&second));
+    let back = Pinned::new(OP);
+    // (a read is checked against the file's size when it is submitted)
+    write_file(&path, &pattern(9, OP));
+    for round in 0..20 {
+        // Keep the ring busy so the next ops queue up behind the filler.
+        for i in 0..16 {
+            h.pwrite(filler.narrow(i * OP, OP), FileTarget::Path(&filler_path), (i * OP) as i64, true).unwrap();
+        }
+        // Write, overwrite, read back: the same bytes, one after another.
+        h.pwrite(a.desc(), FileTarget::Path(&path), 0, true).unwrap();
+        h.pwrite(b.desc(), FileTarget::Path(&path), 0, true).unwrap();
+        h.pread(back.desc(), FileTarget::Path(&path), 0, true).unwrap();
+        assert_eq!(h.wait().unwrap(), 19);
+        assert_bytes_eq(back.as_slice(), &second, &format!("round {round}: read after two writes"));
+        assert_bytes_eq(&read_file(&path), &second, &format!("round {round}: file after two writes"));
+    }
+    let (_, held) = h.stream_counts();
+    assert!(held > 0, "a write and a later op on the same bytes were never held apart");
+
+    // Reads of the same bytes need no order among themselves.
+    let readers = streaming_handle().unwrap();
+    let outs: Vec<Pinned> = (0..16).map(|_| Pinned::new(OP)).collect();
+    for _ in 0..4 {
+        for out in &outs {
+            readers.pread(out.desc(), FileTarget::Path(&path), 0, true).unwrap();
+        }
+        assert_eq!(readers.wait().unwrap(), outs.len());
+    }
+    for out in &outs {
+        assert_bytes_eq(out.as_slice(), &second, "a read among reads of the same bytes");
+    }
+    let (overlapped, held) = readers.stream_counts();
+    assert_eq!(held, 0, "reads of the same bytes were held apart");
+    assert!(overlapped > 0, "reads of the same bytes never overlapped");
+}
+
+#[test]
+fn an_op_failing_inside_a_stream_fails_alone() {
+    let Some(h) = streaming_handle() else { return };
+    let dir = TempDir::new("stream-fail");
+    let ahead_path = dir.file("ahead.bin");
+    let doomed_path = dir.file("doomed.bin");
+    let after_path = dir.file("after.bin");
+    let ahead = pattern(4, 64 << 20);
+    let doomed = pattern(5, OP * 8);
+    let after = pattern(6, OP * 8);
+    write_file(&ahead_path, &ahead);
+    write_file(&doomed_path, &doomed);
+    write_file(&after_path, &after);
+    // Out of the page cache, so the reads ahead take the device's time.
+    drop_file_cache(&ahead_path);
+    let ahead_buf = Pinned::new(ahead.len());
+    let doomed_buf = Pinned::new(doomed.len());
+    let after_buf = Pinned::new(after.len());
+    // 64 MiB of reads ahead, then reads of a file that is cut to nothing
+    // before the ring gets to them, then reads of another file.
+    for i in 0..(ahead.len() / OP) {
+        h.pread(ahead_buf.narrow(i * OP, OP), FileTarget::Path(&ahead_path), (i * OP) as i64, true).unwrap();
+    }
+    for i in 0..8 {
+        h.pread(doomed_buf.narrow(i * OP, OP), FileTarget::Path(&doomed_path), (i * OP) as i64, true).unwrap();
+        h.pread(after_buf.narrow(i * OP, OP), FileTarget::Path(&after_path), (i * OP) as i64, true).unwrap();
+    }
+    std::fs::OpenOptions::new().write(true).open(&doomed_path).unwrap().set_len(0).unwrap();
+    let err = h.wait().expect_err("reads of a file cut to nothing must fail").to_string();
+    assert!(err.contains("doomed.bin") && err.contains("end of file"), "{err}");
+    assert_bytes_eq(ahead_buf.as_slice(), &ahead, "the reads ahead of the failing ones");
+    assert_bytes_eq(after_buf.as_slice(), &after, "the reads streamed with the failing ones");
+    // The handle goes on.
+    assert_eq!(h.pread(after_buf.desc(), FileTarget::Path(&after_path), 0, false).unwrap(), 1);
+}
+
+/// Drops a file's pages from the page cache (it was written buffered).
+fn drop_file_cache(path: &std::path::Path) {
+    let fd = open_fd(path, libc::O_RDONLY);
+    // SAFETY: plain syscalls on our descriptor.
+    unsafe {
+        libc::fsync(fd);
+        libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+    close_fd(fd);
+}
