@@ -152,8 +152,9 @@ pub fn dio_alignment(fd: RawFd) -> Option<DioAlignment> {
     stat_for_io(fd).0
 }
 
-/// Which file an open descriptor names (device and inode): two ops on one
-/// file through different descriptors or paths have the same identity.
+/// Which file an open descriptor names (device and inode; for a block
+/// device, the device itself): two ops on one file through different
+/// descriptors or paths have the same identity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileIdentity {
     pub dev_major: u32,
@@ -175,16 +176,20 @@ fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>, Option<FileIden
             fd,
             empty.as_ptr() as *const libc::c_char,
             libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN | libc::STATX_SIZE | libc::STATX_INO,
+            libc::STATX_DIOALIGN | libc::STATX_SIZE | libc::STATX_INO | libc::STATX_TYPE,
             &mut stx,
         );
         let size = (rc == 0 && stx.stx_mask & libc::STATX_SIZE != 0).then_some(stx.stx_size);
-        // (statx always fills the device numbers)
-        let identity = (rc == 0 && stx.stx_mask & libc::STATX_INO != 0).then_some(FileIdentity {
-            dev_major: stx.stx_dev_major,
-            dev_minor: stx.stx_dev_minor,
-            ino: stx.stx_ino,
-        });
+        // statx always fills the device numbers. A block device is named by
+        // the device it is (two device nodes of one disk are one target).
+        let is_block = stx.stx_mask & libc::STATX_TYPE != 0 && u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFBLK;
+        let identity = match (rc, is_block) {
+            (0, true) => Some(FileIdentity { dev_major: stx.stx_rdev_major, dev_minor: stx.stx_rdev_minor, ino: u64::MAX }),
+            (0, false) if stx.stx_mask & libc::STATX_INO != 0 => {
+                Some(FileIdentity { dev_major: stx.stx_dev_major, dev_minor: stx.stx_dev_minor, ino: stx.stx_ino })
+            }
+            _ => None,
+        };
         if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
             return (Some(CONSERVATIVE_DIO_ALIGNMENT), size, identity);
         }

@@ -142,3 +142,45 @@ fn drop_file_cache(path: &std::path::Path) {
     }
     close_fd(fd);
 }
+
+#[test]
+fn ops_on_one_file_by_any_name_share_its_identity() {
+    use crate::file::OpenFile;
+    use crate::Direction;
+    let dir = TempDir::new("stream-identity");
+    let (path, other) = (dir.file("a.bin"), dir.file("b.bin"));
+    write_file(&path, &pattern(7, 8192));
+    write_file(&other, &pattern(8, 8192));
+    let (hard, soft) = (dir.file("a-hard.bin"), dir.file("a-soft.bin"));
+    std::fs::hard_link(&path, &hard).unwrap();
+    std::os::unix::fs::symlink(&path, &soft).unwrap();
+    let identity = |p: &std::path::Path, d| OpenFile::open(FileTarget::Path(p), d).unwrap().identity();
+    let a = identity(&path, Direction::Read);
+    if a.is_none() {
+        skip("file identity not tested: no O_DIRECT descriptor on this file system");
+        return;
+    }
+    assert_eq!(identity(&path, Direction::Write), a, "the same path opened for write");
+    assert_eq!(identity(&hard, Direction::Read), a, "a hard link");
+    assert_eq!(identity(&soft, Direction::Read), a, "a symbolic link");
+    assert_ne!(identity(&other, Direction::Read), a, "another file");
+    // The caller's own descriptor of the file (FastFileWriter's case).
+    let fd = open_fd(&path, libc::O_RDWR | libc::O_DIRECT);
+    assert_eq!(OpenFile::open(FileTarget::Fd(fd), Direction::Write).unwrap().identity(), a, "a caller's O_DIRECT fd");
+    close_fd(fd);
+}
+
+#[test]
+fn footprints_conflict_only_on_shared_bytes_that_one_of_them_writes() {
+    use crate::file::FileIdentity;
+    use crate::op::work::Footprint;
+    let f = FileIdentity { dev_major: 8, dev_minor: 1, ino: 42 };
+    let g = FileIdentity { ino: 43, ..f };
+    let fp = |file, start, end, writes| Footprint { file, start, end, writes };
+    assert!(fp(f, 0, 100, true).conflicts_with(&fp(f, 99, 200, false)), "write then read of byte 99");
+    assert!(fp(f, 0, 100, false).conflicts_with(&fp(f, 50, 60, true)), "read then write inside it");
+    assert!(fp(f, 0, 100, true).conflicts_with(&fp(f, 0, 100, true)), "two writes of the same bytes");
+    assert!(!fp(f, 0, 100, true).conflicts_with(&fp(f, 100, 200, true)), "adjacent writes");
+    assert!(!fp(f, 0, 100, false).conflicts_with(&fp(f, 0, 100, false)), "two reads");
+    assert!(!fp(f, 0, 100, true).conflicts_with(&fp(g, 0, 100, true)), "another file");
+}

@@ -1,0 +1,129 @@
+"""Back-to-back small ops with worker rings streaming them against draining
+between them (DEEPNVME_OP_STREAM=1 vs 0), side by side, optionally with
+DeepSpeed's stock op as a third.
+
+    python benches/op_stream_ratio.py [--ops 512] [--op-kb 256] [--block-kb 128]
+        [--parallelism 2] [--rounds 4] [--dir DIR] [--with-stock]
+
+The pattern is DeepSpeed's swapper: many async_pwrite (then async_pread)
+calls of one swap buffer's size, at consecutive offsets of one file, then one
+wait(). Each measurement runs in a fresh child process (DeepSpeed's loader,
+a locked buffer from new_cpu_locked_tensor, queue depth 32, overlap_events
+on, single_submit off); the page cache is dropped (as root) and a pause taken
+before each timed batch; the order of the implementations rotates every
+round. Prints GB/s and CPU seconds per GB for each, and the median and spread
+of the per-round ratios against streaming off (and against stock). One big
+op of the same bytes is measured in the same child as the ceiling.
+
+--with-stock needs the stock op's JIT build (DEEPNVME_DEEPSPEED_HOOK=0; set
+TORCH_EXTENSIONS_DIR to the cache benches/run.sh uses).
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def child(args):
+    sys.path.insert(0, HERE)
+    from bench_common import drop_caches
+    import torch
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    aio = AsyncIOBuilder().load()
+    op = args.op_kb << 10
+    total = op * args.ops
+    h = aio.aio_handle(args.block_kb << 10, 32, False, True, args.parallelism)
+    buf = h.new_cpu_locked_tensor(total, torch.empty(0, dtype=torch.uint8))
+    buf.random_(0, 255)
+    path = os.path.join(os.path.abspath(args.dir), f"op-stream-{os.getpid()}.bin")
+
+    def cpu():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def many(write):
+        call = h.async_pwrite if write else h.async_pread
+        for i in range(args.ops):
+            call(buf[i * op:(i + 1) * op], path, i * op)
+        assert h.wait() == args.ops
+
+    def one(write):
+        (h.async_pwrite if write else h.async_pread)(buf, path, 0)
+        assert h.wait() == 1
+
+    out = {"module": aio.__name__}
+    try:
+        h.sync_pwrite(buf, path)  # full size before any read; warms the handle
+        for name, fn in (("many", many), ("one", one)):
+            for write in (True, False):
+                drop_caches()
+                c0, t0 = cpu(), time.perf_counter()
+                fn(write)
+                dt, dc = time.perf_counter() - t0, cpu() - c0
+                key = f"{name}-{'write' if write else 'read'}"
+                out[key] = {"gbps": total / dt / 1e9, "cpu_s_per_gb": dc / (total / 1e9)}
+    finally:
+        os.unlink(path)
+    print(json.dumps(out))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", type=int, default=512)
+    ap.add_argument("--op-kb", type=int, default=256)
+    ap.add_argument("--block-kb", type=int, default=128)
+    ap.add_argument("--parallelism", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--dir", default=".")
+    ap.add_argument("--with-stock", action="store_true")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+
+    impls = {"stream on": {"DEEPNVME_OP_STREAM": "1"}, "stream off": {"DEEPNVME_OP_STREAM": "0"}}
+    if args.with_stock:
+        impls["stock"] = {"DEEPNVME_DEEPSPEED_HOOK": "0"}
+    names = list(impls)
+    runs = {n: [] for n in names}
+    passthrough = ["--ops", str(args.ops), "--op-kb", str(args.op_kb), "--block-kb", str(args.block_kb),
+                   "--parallelism", str(args.parallelism), "--dir", args.dir]
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            env = dict(os.environ, DEEPNVME_LOG="quiet", **impls[name])
+            # The stock op's JIT build needs the venv's ninja.
+            env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"] + passthrough,
+                               capture_output=True, text=True, env=env)
+            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+            if p.returncode != 0 or not lines:
+                sys.exit(f"{name} failed (rc {p.returncode}):\n{p.stderr[-2000:]}")
+            runs[name].append(json.loads(lines[-1]))
+    print(f"{args.ops} ops of {args.op_kb} KiB, block {args.block_kb} KiB, queue depth 32, parallelism "
+          f"{args.parallelism}, {args.rounds} rounds (order rotated), locked buffer")
+    for name in names:
+        print(f"  {name}: {runs[name][0]['module']}")
+    print(f"{'':14}" + "".join(f"{n + ' GB/s':>17}{'CPU s/GB':>10}" for n in names) + "   ratios (median [min-max])")
+    for key in ("many-write", "many-read", "one-write", "one-read"):
+        row = f"{key:14}"
+        for n in names:
+            row += f"{statistics.median(x[key]['gbps'] for x in runs[n]):17.2f}"
+            row += f"{statistics.median(x[key]['cpu_s_per_gb'] for x in runs[n]):10.3f}"
+        for other in names[1:]:
+            ratios = [a[key]["gbps"] / b[key]["gbps"] for a, b in zip(runs["stream on"], runs[other])]
+            row += (f"   on/{other.replace('stream ', '')} {statistics.median(ratios):.2f} "
+                    f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+        print(row)
+
+
+if __name__ == "__main__":
+    main()
