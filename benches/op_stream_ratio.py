@@ -3,7 +3,7 @@ between them (DEEPNVME_OP_STREAM=1 vs 0), side by side, optionally with
 DeepSpeed's stock op as a third.
 
     python benches/op_stream_ratio.py [--ops 512] [--op-kb 256] [--block-kb 128]
-        [--parallelism 2] [--rounds 4] [--dir DIR] [--with-stock]
+        [--parallelism 2] [--rounds 4] [--dir DIR] [--with-stock] [--write-docs]
 
 The pattern is DeepSpeed's swapper: many async_pwrite (then async_pread)
 calls of one swap buffer's size, at consecutive offsets of one file, then one
@@ -84,6 +84,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dir", default=".")
     ap.add_argument("--with-stock", action="store_true")
+    ap.add_argument("--write-docs", action="store_true", help="write docs/perf/op_stream.md")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -108,21 +109,62 @@ def main():
             if p.returncode != 0 or not lines:
                 sys.exit(f"{name} failed (rc {p.returncode}):\n{p.stderr[-2000:]}")
             runs[name].append(json.loads(lines[-1]))
-    print(f"{args.ops} ops of {args.op_kb} KiB, block {args.block_kb} KiB, queue depth 32, parallelism "
-          f"{args.parallelism}, {args.rounds} rounds (order rotated), locked buffer")
+    header = (f"{args.ops} ops of {args.op_kb} KiB, block {args.block_kb} KiB, queue depth 32, parallelism "
+              f"{args.parallelism}, {args.rounds} rounds (order rotated), locked buffer")
+    print(header)
     for name in names:
         print(f"  {name}: {runs[name][0]['module']}")
-    print(f"{'':14}" + "".join(f"{n + ' GB/s':>17}{'CPU s/GB':>10}" for n in names) + "   ratios (median [min-max])")
+    rows = []
     for key in ("many-write", "many-read", "one-write", "one-read"):
-        row = f"{key:14}"
+        row = {"case": key}
         for n in names:
-            row += f"{statistics.median(x[key]['gbps'] for x in runs[n]):17.2f}"
-            row += f"{statistics.median(x[key]['cpu_s_per_gb'] for x in runs[n]):10.3f}"
+            row[n] = (statistics.median(x[key]["gbps"] for x in runs[n]),
+                      statistics.median(x[key]["cpu_s_per_gb"] for x in runs[n]))
         for other in names[1:]:
             ratios = [a[key]["gbps"] / b[key]["gbps"] for a, b in zip(runs["stream on"], runs[other])]
-            row += (f"   on/{other.replace('stream ', '')} {statistics.median(ratios):.2f} "
-                    f"[{min(ratios):.2f}-{max(ratios):.2f}]")
-        print(row)
+            row["on/" + other] = (statistics.median(ratios), min(ratios), max(ratios))
+        rows.append(row)
+    print(f"{'':14}" + "".join(f"{n + ' GB/s':>17}{'CPU s/GB':>10}" for n in names) + "   ratios (median [min-max])")
+    for row in rows:
+        line = f"{row['case']:14}" + "".join(f"{row[n][0]:17.2f}{row[n][1]:10.3f}" for n in names)
+        for other in names[1:]:
+            m, lo, hi = row["on/" + other]
+            line += f"   on/{other.replace('stream ', '')} {m:.2f} [{lo:.2f}-{hi:.2f}]"
+        print(line)
+    if args.write_docs:
+        write_docs(args, header, names, runs, rows)
+
+
+def write_docs(args, header, names, runs, rows):
+    import datetime
+    import platform
+    flags = " ".join(a for a in sys.argv[1:])
+    L = ["# Back-to-back ops: worker rings streaming them, against draining between them", "",
+         f"{datetime.date.today()}, {os.cpu_count()} cores, {platform.platform()}. "
+         f"Command: `python benches/op_stream_ratio.py {flags}`.", "",
+         f"{header}. `many`: {args.ops} async ops of one buffer's consecutive slices, then one wait() "
+         "(DeepSpeed's swapper issues swap buffers this way); `one`: the same bytes as one op. Each "
+         "implementation runs in a fresh process per round: " + "; ".join(
+             f"**{n}** `{runs[n][0]['module']}`" for n in names) + ". "
+         "`stream on`/`stream off`: deepnvme with `DEEPNVME_OP_STREAM=1`/`0`"
+         + ("; `stock`: DeepSpeed's C++ op (libaio), `DEEPNVME_DEEPSPEED_HOOK=0`." if "stock" in names else "."),
+         "",
+         "| case | " + " | ".join(f"{n} GB/s | {n} CPU s/GB" for n in names) + " | "
+         + " | ".join(f"on/{o.replace('stream ', '')} (median [min-max])" for o in names[1:]) + " |",
+         "|---|" + "---:|---:|" * len(names) + "---|" * (len(names) - 1)]
+    for row in rows:
+        cells = [row["case"]] + [f"{row[n][0]:.2f} | {row[n][1]:.3f}" for n in names]
+        cells += [f"**{row['on/' + o][0]:.2f}** [{row['on/' + o][1]:.2f}-{row['on/' + o][2]:.2f}]" for o in names[1:]]
+        L.append("| " + " | ".join(cells) + " |")
+    L += ["", "With streaming off, a worker lets its ring drain at the end of every op before it starts the "
+          "next one, so an op of a few blocks per worker runs at a queue depth of a few blocks however deep "
+          "the ring is. Streaming starts the next queued op's requests in the slots the last one frees "
+          "(ops on the same bytes, where one writes, keep their order). One big op is one run either way: "
+          "its ratio is this disk's noise.", ""]
+    out = os.path.join(os.path.dirname(HERE), "docs", "perf", "op_stream.md")
+    with open(out, "w") as f:
+        f.write("\n".join(L))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -184,7 +184,9 @@ fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>, Option<FileIden
         // the device it is (two device nodes of one disk are one target).
         let is_block = stx.stx_mask & libc::STATX_TYPE != 0 && u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFBLK;
         let identity = match (rc, is_block) {
-            (0, true) => Some(FileIdentity { dev_major: stx.stx_rdev_major, dev_minor: stx.stx_rdev_minor, ino: u64::MAX }),
+            (0, true) => {
+                Some(FileIdentity { dev_major: stx.stx_rdev_major, dev_minor: stx.stx_rdev_minor, ino: u64::MAX })
+            }
             (0, false) if stx.stx_mask & libc::STATX_INO != 0 => {
                 Some(FileIdentity { dev_major: stx.stx_dev_major, dev_minor: stx.stx_dev_minor, ino: stx.stx_ino })
             }

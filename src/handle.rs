@@ -7,6 +7,11 @@
 //! order (validation, bounce copy-back, closing the files the handle opened)
 //! and returns how many it finished — 0 when nothing was pending.
 //!
+//! A worker with an io_uring ring streams back-to-back ops (`QueuedRuns`):
+//! the slices queued behind the one it runs start in the ring's slots as
+//! they free up, instead of after the ring drains, except where a queued
+//! slice shares bytes of a file with a started one and either writes.
+//!
 //! As in DeepSpeed, a blocking call (`sync_*`, `pread/pwrite(async=False)`)
 //! submits and then waits for *every* pending op, and returns that count;
 //! blocking calls and `wait()` are serialised per handle so that two threads
@@ -231,7 +236,8 @@ fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<Worker
                         // As for a panicking slice: nothing of the started
                         // runs may be in flight when their ops fail.
                         let _ = catch_unwind(AssertUnwindSafe(|| engine.quiesce()));
-                        queued.fail_started(&format!("internal error (panic) in an I/O worker: {}", panic_text(&*payload)));
+                        let detail = format!("internal error (panic) in an I/O worker: {}", panic_text(&*payload));
+                        queued.fail_started(&detail);
                         false
                     }
                 };

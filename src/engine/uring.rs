@@ -8,6 +8,10 @@
 //! * `single_submit = true`: one `io_uring_enter` submit per piece; else one
 //!   per batch (or per refill).
 //!
+//! A worker's ring also runs streams (`Engine::run_stream`): runs of
+//! several queued ops in flight at once, each checked and reported on its
+//! own, so that the ring does not drain between back-to-back ops.
+//!
 //! Every completion is checked. A short transfer resubmits its remainder,
 //! EINTR/EAGAIN resubmit the same piece, and any other result stops new
 //! submissions; the engine still drains what is in flight (the kernel may be
@@ -473,7 +477,8 @@ impl UringEngine {
                 self.reaped_count = completions.len();
                 let slot = user_data as usize;
                 let mut piece = self.slots[slot].take().expect("completion for an empty slot");
-                let index = active.iter().position(|r| r.n == self.slot_run[slot]).expect("completion of a started run");
+                let owner = self.slot_run[slot];
+                let index = active.iter().position(|r| r.n == owner).expect("completion of a started run");
                 let run = &mut active[index];
                 match piece.complete(run.direction, res as i64) {
                     Ok(true) => {
