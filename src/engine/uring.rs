@@ -410,9 +410,14 @@ impl UringEngine {
                                 depth = run.knobs.queue_depth.clamp(1, self.capacity);
                             }
                             let memory = run.memory.filter(|_| fixed.is_some());
-                            if memory.is_some() {
-                                let guard = table.get_or_insert_with(|| fixed.as_ref().expect("fixed table").lock());
+                            if memory.is_some() && table.is_none() {
+                                // One table run for the whole stream: a slot
+                                // that any started run's requests name (some
+                                // perhaps pushed but not yet submitted) is
+                                // never given to other memory until it ends.
+                                let mut guard = fixed.as_ref().expect("fixed table").lock();
                                 guard.start_run();
+                                table = Some(guard);
                             }
                             // Pieces longer than u32 cannot be one SQE.
                             let block = run.knobs.block_size.clamp(1, 1 << 30);
