@@ -28,9 +28,9 @@
 //! (instead of sharing them copy-on-write), so a registration alive at fork
 //! would give every child (a DataLoader worker, say) its own copy of all the
 //! registered memory. A `pthread_atfork` prepare handler therefore waits
-//! (half a second at most in all) for each ring's current run to end (a run
-//! holds its ring's table lock from its first request to its last
-//! completion), unregisters every buffer and keeps the tables locked until
+//! (half a second at most in all) for each ring's current run to end (a run,
+//! or a stream of back-to-back ops, holds its ring's table lock from its
+//! first request to its last completion), unregisters every buffer and keeps the tables locked until
 //! the fork is done; rings register again, lazily, on their next run. A ring
 //! still busy at the deadline is left registered: its pages are copied into
 //! the child, which is slower, never wrong. This is why worker rings with
