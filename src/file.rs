@@ -154,12 +154,15 @@ pub fn dio_alignment(fd: RawFd) -> Option<DioAlignment> {
 
 /// Which file an open descriptor names (device and inode; for a block
 /// device, the device itself): two ops on one file through different
-/// descriptors or paths have the same identity.
+/// descriptors or paths have the same identity. (Ops on two block devices
+/// are ordered as if one: see `Footprint::conflicts_with`.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileIdentity {
     pub dev_major: u32,
     pub dev_minor: u32,
     pub ino: u64,
+    /// A block device (then `dev_*` name the device itself, and `ino` is 0).
+    pub block_device: bool,
 }
 
 /// One `statx` for what an op needs of a file it just opened: the O_DIRECT
@@ -184,12 +187,18 @@ fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>, Option<FileIden
         // the device it is (two device nodes of one disk are one target).
         let is_block = stx.stx_mask & libc::STATX_TYPE != 0 && u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFBLK;
         let identity = match (rc, is_block) {
-            (0, true) => {
-                Some(FileIdentity { dev_major: stx.stx_rdev_major, dev_minor: stx.stx_rdev_minor, ino: u64::MAX })
-            }
-            (0, false) if stx.stx_mask & libc::STATX_INO != 0 => {
-                Some(FileIdentity { dev_major: stx.stx_dev_major, dev_minor: stx.stx_dev_minor, ino: stx.stx_ino })
-            }
+            (0, true) => Some(FileIdentity {
+                dev_major: stx.stx_rdev_major,
+                dev_minor: stx.stx_rdev_minor,
+                ino: 0,
+                block_device: true,
+            }),
+            (0, false) if stx.stx_mask & libc::STATX_INO != 0 => Some(FileIdentity {
+                dev_major: stx.stx_dev_major,
+                dev_minor: stx.stx_dev_minor,
+                ino: stx.stx_ino,
+                block_device: false,
+            }),
             _ => None,
         };
         if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {

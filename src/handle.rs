@@ -137,14 +137,16 @@ impl Job {
 
 impl Job {
     /// Completes the slice with the outcome of its streamed run.
-    fn finish_streamed(self, outcome: std::result::Result<(), crate::error::TransferError>) {
+    fn complete_streamed(&mut self, outcome: std::result::Result<(), crate::error::TransferError>) {
         let outcome = outcome.map_err(|e| self.op.work.stream_error(e));
-        self.finish(outcome);
+        self.complete(outcome);
     }
 
-    fn finish(mut self, outcome: Result<()>) {
-        self.ran = true;
-        self.op.complete_slice(outcome);
+    fn complete(&mut self, outcome: Result<()>) {
+        if !self.ran {
+            self.ran = true;
+            self.op.complete_slice(outcome);
+        }
     }
 }
 
@@ -221,7 +223,12 @@ fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<Worker
                 continue;
             }
         };
-        let streamed = if stream && engine.streams_runs() { job.op.work.stream_run(job.slice) } else { None };
+        let streamed = if stream && engine.streams_runs() {
+            // (a panic here falls back to `run`, which contains it)
+            catch_unwind(AssertUnwindSafe(|| job.op.work.stream_run(job.slice))).unwrap_or(None)
+        } else {
+            None
+        };
         let clean = match streamed {
             Some(first) => {
                 let mut queued = QueuedRuns {
@@ -269,6 +276,8 @@ struct QueuedRuns<'a> {
     next_n: usize,
     held_back: Option<WorkerMsg>,
     tally: Option<&'a StreamTally>,
+    /// Jobs whose slices are complete (see `run_done`).
+    finished: Vec<Job>,
 }
 
 impl QueuedRuns<'_> {
@@ -276,7 +285,9 @@ impl QueuedRuns<'_> {
         if let Some(first) = self.first.take() {
             return Some(first);
         }
-        if self.held_back.is_some() || self.next_n >= knobs::MAX_STREAMED_OPS {
+        // A fork waits for this ring's table: start nothing more, so the
+        // stream ends (and lets go of it) once its started runs complete.
+        if self.held_back.is_some() || self.next_n >= knobs::MAX_STREAMED_OPS || engine::fixed::fork_pending() {
             return None;
         }
         let job = match self.jobs?.try_recv() {
@@ -308,9 +319,9 @@ impl QueuedRuns<'_> {
 
     /// Fails every started run (after a panic, once the engine is quiet).
     fn fail_started(&mut self, detail: &str) {
-        for (_, job, _) in self.started.drain(..) {
+        for (_, mut job, _) in self.started.drain(..) {
             let e = job.op.work.slice_error(job.slice, detail.to_string());
-            job.finish(Err(e));
+            job.complete(Err(e));
         }
     }
 }
@@ -328,8 +339,12 @@ impl engine::StreamSource for QueuedRuns<'_> {
 
     fn run_done(&mut self, n: usize, outcome: std::result::Result<(), crate::error::TransferError>) {
         if let Some(i) = self.started.iter().position(|(k, _, _)| *k == n) {
-            let (_, job, _) = self.started.remove(i);
-            job.finish_streamed(outcome);
+            let (_, mut job, _) = self.started.remove(i);
+            job.complete_streamed(outcome);
+            // Dropped once the stream has ended: the op's last reference to
+            // registered memory may go with it, which must not happen while
+            // the stream holds its ring's fixed-buffer table.
+            self.finished.push(job);
         }
     }
 }

@@ -160,6 +160,16 @@ const IORING_UNREGISTER_BUFFERS: libc::c_uint = 1;
 /// How long `fork()` waits, in all, for busy rings to finish their runs.
 const FORK_WAIT: Duration = Duration::from_millis(500);
 
+/// Set while a `fork()` is waiting for the rings (`before_fork` to the
+/// after-fork handlers): a ring streaming ops starts no further op, so that
+/// its table is let go of once what it started has completed.
+static FORK_PENDING: AtomicBool = AtomicBool::new(false);
+
+/// Whether a `fork()` in this process is waiting for the rings.
+pub(crate) fn fork_pending() -> bool {
+    FORK_PENDING.load(Ordering::Acquire)
+}
+
 /// What the prepare handler holds until the fork is done (on the forking
 /// thread, which also runs the parent and child handlers).
 struct HeldForFork {
@@ -180,6 +190,7 @@ thread_local! {
 /// keeps it locked until the fork is done, so that no run registers anything
 /// in between.
 extern "C" fn before_fork() {
+    FORK_PENDING.store(true, Ordering::Release);
     let listeners = lock(&LISTENERS);
     let tables = lock(&TABLES);
     // Only this process's rings: a child of an earlier fork inherited the
@@ -206,6 +217,8 @@ extern "C" fn after_fork_in_parent() {
         // SAFETY: `before_fork` locked it on this thread and forgot the guard.
         unsafe { table.force_unlock() };
     }
+    drop(held);
+    FORK_PENDING.store(false, Ordering::Release);
 }
 
 /// `pthread_atfork` child: unlocks the lists. The parent's tables stay
@@ -213,6 +226,7 @@ extern "C" fn after_fork_in_parent() {
 /// their own), and unlocking them could wake waiters that do not exist.
 extern "C" fn after_fork_in_child() {
     drop(HELD_FOR_FORK.with(|h| h.borrow_mut().take()));
+    FORK_PENDING.store(false, Ordering::Release);
 }
 
 /// One registered slot of a ring's table.

@@ -254,8 +254,9 @@ pub(crate) struct StreamRun {
 /// What feeds [`Engine::run_stream`]: a worker's queue of slices.
 pub(crate) trait StreamSource {
     /// The next run to start, asked whenever the ring has a free slot and
-    /// no started run has requests left to send. `None`: no more (the
-    /// stream ends once the started runs complete).
+    /// no started run has requests left to send. `None`: nothing now (asked
+    /// again after the next completions; the stream ends when it says
+    /// `None` with nothing of it left in flight).
     fn next_run(&mut self) -> Option<StreamRun>;
     /// Run number `n` (counting from 0 in the order `next_run` gave them)
     /// has completed: every request done, or its first error once nothing

@@ -286,26 +286,14 @@ impl Engine for UringEngine {
             if let Err(errno) = self.submit_wait(want) {
                 return Err(self.abandon(in_flight, first_error.unwrap_or(ring_error(errno))));
             }
-            completions.clear();
-            completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
-            self.processed = 0;
+            self.reap(&mut completions);
             for &(user_data, res) in &completions {
-                // Counted before the work, so that after a panic `quiesce`
-                // knows which taken slots the kernel is already done with.
+                // Counted before the work (see `reap`).
                 self.processed += 1;
-                self.reaped_count = completions.len();
                 let slot = user_data as usize;
                 let mut piece = self.slots[slot].take().expect("completion for an empty slot");
-                match piece.complete(direction, res as i64) {
-                    Ok(true) => {
-                        if copy.is_some() && direction == Direction::Read {
-                            to_copy_out.push(piece);
-                        }
-                        self.free_slots.push(slot);
-                        in_flight -= 1;
-                    }
-                    Ok(false) if first_error.is_none() => {
-                        // Short or interrupted: send the remainder again.
+                match settle(&mut piece, direction, res, first_error.is_some()) {
+                    Settled::Again => {
                         self.slots[slot] = Some(piece);
                         self.push(direction, slot, memory, table.as_deref_mut());
                         if knobs.single_submit {
@@ -314,15 +302,18 @@ impl Engine for UringEngine {
                             }
                         }
                     }
-                    Ok(false) => {
-                        // Already failing: abandon the remainder, report the first error.
+                    settled => {
                         self.free_slots.push(slot);
                         in_flight -= 1;
-                    }
-                    Err(e) => {
-                        self.free_slots.push(slot);
-                        in_flight -= 1;
-                        first_error.get_or_insert(e);
+                        match settled {
+                            Settled::Done if copy.is_some() && direction == Direction::Read => {
+                                to_copy_out.push(piece);
+                            }
+                            Settled::Failed(e) => {
+                                first_error.get_or_insert(e);
+                            }
+                            _ => {}
+                        }
                     }
                 }
             }
@@ -334,6 +325,29 @@ impl Engine for UringEngine {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// What a completion leaves of its piece.
+enum Settled {
+    /// All its bytes moved: the slot is free.
+    Done,
+    /// Short or interrupted: the remainder goes again in the same slot.
+    Again,
+    /// The run is already failing: the remainder is dropped.
+    Abandoned,
+    /// The piece failed: the run fails with this, its first error.
+    Failed(TransferError),
+}
+
+/// Applies one completion result (`res`, as the kernel returns it) to its
+/// piece, in a run that is `failing` already or not.
+fn settle(piece: &mut Piece, direction: Direction, res: i32, failing: bool) -> Settled {
+    match piece.complete(direction, res as i64) {
+        Ok(true) => Settled::Done,
+        Ok(false) if !failing => Settled::Again,
+        Ok(false) => Settled::Abandoned,
+        Err(e) => Settled::Failed(e),
     }
 }
 
@@ -473,46 +487,45 @@ impl UringEngine {
                 }
                 break;
             }
-            completions.clear();
-            completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
-            self.processed = 0;
+            self.reap(&mut completions);
             for &(user_data, res) in &completions {
-                // Counted before the work, as in `run_with`.
+                // Counted before the work (see `reap`).
                 self.processed += 1;
-                self.reaped_count = completions.len();
                 let slot = user_data as usize;
                 let mut piece = self.slots[slot].take().expect("completion for an empty slot");
                 let owner = self.slot_run[slot];
                 let index = active.iter().position(|r| r.n == owner).expect("completion of a started run");
                 let run = &mut active[index];
-                match piece.complete(run.direction, res as i64) {
-                    Ok(true) => {
-                        self.free_slots.push(slot);
-                        run.in_flight -= 1;
-                        in_flight -= 1;
-                    }
-                    Ok(false) if run.first_error.is_none() => {
-                        // Short or interrupted: send the remainder again.
+                match settle(&mut piece, run.direction, res, run.first_error.is_some()) {
+                    Settled::Again => {
                         self.slots[slot] = Some(piece);
                         let (direction, memory) = (run.direction, run.memory.clone());
                         self.push(direction, slot, memory.as_ref(), table.as_deref_mut());
                     }
-                    Ok(false) => {
+                    settled => {
                         self.free_slots.push(slot);
                         run.in_flight -= 1;
                         in_flight -= 1;
-                    }
-                    Err(e) => {
-                        self.free_slots.push(slot);
-                        run.in_flight -= 1;
-                        in_flight -= 1;
-                        run.first_error.get_or_insert(e);
+                        if let Settled::Failed(e) = settled {
+                            run.first_error.get_or_insert(e);
+                        }
                     }
                 }
             }
         }
         self.reaped = completions;
         self.reaped_count = 0;
+        self.processed = 0;
+    }
+
+    /// Takes the completions the kernel posted into `completions`. Counted
+    /// on every wake-up (one may bring none), and each counted as processed
+    /// before its work, so that after a panic `quiesce` knows which taken
+    /// slots the kernel is already done with.
+    fn reap(&mut self, completions: &mut Vec<(u64, i32)>) {
+        completions.clear();
+        completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        self.reaped_count = completions.len();
         self.processed = 0;
     }
 
@@ -550,5 +563,11 @@ impl UringEngine {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
+        // The kernel holds nothing now: a later `quiesce` (a panic after
+        // this) must not wait for completions that were just reaped.
+        self.slots.iter_mut().for_each(|slot| *slot = None);
+        self.free_slots = (0..self.capacity).rev().collect();
+        self.reaped_count = 0;
+        self.processed = 0;
     }
 }

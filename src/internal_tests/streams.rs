@@ -97,6 +97,38 @@ fn ops_on_the_same_bytes_keep_their_submission_order() {
 }
 
 #[test]
+fn ops_on_the_same_memory_keep_their_submission_order() {
+    let Some(h) = streaming_handle() else { return };
+    let dir = TempDir::new("stream-memory");
+    let filler_path = dir.file("filler.bin");
+    let (a_path, b_path, c_path) = (dir.file("a.bin"), dir.file("b.bin"), dir.file("c.bin"));
+    let filler = Pinned::with(&pattern(1, OP * 16));
+    let (a, c) = (pattern(11, OP), pattern(12, OP));
+    write_file(&a_path, &a);
+    write_file(&c_path, &c);
+    let buf = Pinned::with(&pattern(13, OP));
+    for round in 0..20 {
+        let before = buf.as_slice().to_vec();
+        for i in 0..16 {
+            h.pwrite(filler.narrow(i * OP, OP), FileTarget::Path(&filler_path), (i * OP) as i64, true).unwrap();
+        }
+        // Write the buffer out, read A into it, write it out again, read C
+        // into it: other files each time, one buffer.
+        h.pwrite(buf.desc(), FileTarget::Path(&b_path), 0, true).unwrap();
+        h.pread(buf.desc(), FileTarget::Path(&a_path), 0, true).unwrap();
+        h.pwrite(buf.desc(), FileTarget::Path(&b_path), OP as i64, true).unwrap();
+        h.pread(buf.desc(), FileTarget::Path(&c_path), 0, true).unwrap();
+        assert_eq!(h.wait().unwrap(), 20);
+        let b = read_file(&b_path);
+        assert_bytes_eq(&b[..OP], &before, &format!("round {round}: the buffer as it was before the read"));
+        assert_bytes_eq(&b[OP..], &a, &format!("round {round}: the buffer as the first read left it"));
+        assert_bytes_eq(buf.as_slice(), &c, &format!("round {round}: the buffer after the last read"));
+        // The next round starts from other bytes.
+        h.pread(buf.desc(), FileTarget::Path(if round % 2 == 0 { &a_path } else { &c_path }), 0, false).unwrap();
+    }
+}
+
+#[test]
 fn an_op_failing_inside_a_stream_fails_alone() {
     let Some(h) = streaming_handle() else { return };
     let dir = TempDir::new("stream-fail");
@@ -174,13 +206,31 @@ fn ops_on_one_file_by_any_name_share_its_identity() {
 fn footprints_conflict_only_on_shared_bytes_that_one_of_them_writes() {
     use crate::file::FileIdentity;
     use crate::op::work::Footprint;
-    let f = FileIdentity { dev_major: 8, dev_minor: 1, ino: 42 };
+    let f = FileIdentity { dev_major: 8, dev_minor: 1, ino: 42, block_device: false };
     let g = FileIdentity { ino: 43, ..f };
-    let fp = |file, start, end, writes| Footprint { file, start, end, writes };
+    // Each op in its own memory unless said otherwise.
+    let mut next_memory = 0usize;
+    let mut fp = |file, start, end, writes| {
+        next_memory += 1 << 20;
+        Footprint { file, start, end, memory: (next_memory, next_memory + 4096), writes }
+    };
     assert!(fp(f, 0, 100, true).conflicts_with(&fp(f, 99, 200, false)), "write then read of byte 99");
     assert!(fp(f, 0, 100, false).conflicts_with(&fp(f, 50, 60, true)), "read then write inside it");
     assert!(fp(f, 0, 100, true).conflicts_with(&fp(f, 0, 100, true)), "two writes of the same bytes");
     assert!(!fp(f, 0, 100, true).conflicts_with(&fp(f, 100, 200, true)), "adjacent writes");
     assert!(!fp(f, 0, 100, false).conflicts_with(&fp(f, 0, 100, false)), "two reads");
     assert!(!fp(f, 0, 100, true).conflicts_with(&fp(g, 0, 100, true)), "another file");
+    // Block devices: a partition and its disk share bytes under other names.
+    let sda = FileIdentity { dev_major: 8, dev_minor: 0, ino: 0, block_device: true };
+    let sda1 = FileIdentity { dev_minor: 1, ..sda };
+    assert!(fp(sda, 0, 100, true).conflicts_with(&fp(sda1, 1 << 30, (1 << 30) + 100, false)), "disk and partition");
+    assert!(!fp(sda, 0, 100, false).conflicts_with(&fp(sda1, 0, 100, false)), "reads of two block devices");
+    // Memory: one buffer, other files.
+    let on = |file, writes, memory: (usize, usize)| Footprint { file, start: 0, end: 100, memory, writes };
+    let m = (1 << 40, (1 << 40) + 4096);
+    assert!(on(f, false, m).conflicts_with(&on(g, true, m)), "a read into a buffer, then a write from it");
+    assert!(on(f, true, m).conflicts_with(&on(g, false, m)), "a write from a buffer, then a read into it");
+    assert!(on(f, false, m).conflicts_with(&on(g, false, (m.1 - 1, m.1 + 10))), "two reads into one byte");
+    assert!(!on(f, true, m).conflicts_with(&on(g, true, m)), "two writes from one buffer");
+    assert!(!on(f, false, m).conflicts_with(&on(g, false, (m.1, m.1 + 10))), "reads into adjacent memory");
 }

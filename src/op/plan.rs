@@ -120,6 +120,10 @@ impl OpWork for OpPlan {
             file: self.file_identity?,
             start: slice.direct.iter().map(|g| g.file_offset).min()?,
             end: slice.direct.iter().map(|g| g.file_offset + g.len as u64).max()?,
+            memory: (
+                slice.direct.iter().map(|g| g.addr as usize).min()?,
+                slice.direct.iter().map(|g| g.addr as usize + g.len).max()?,
+            ),
             writes: self.direction == Direction::Write,
         };
         let run = StreamRun {

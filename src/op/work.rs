@@ -29,21 +29,37 @@ pub(crate) trait OpWork: Send + Sync {
     }
 }
 
-/// The bytes of one file a streamed slice reads or writes.
+/// What a streamed slice touches: bytes of one file, and the memory they
+/// move to or from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Footprint {
     pub file: FileIdentity,
     pub start: u64,
     pub end: u64,
+    /// The memory's address range `[memory.0, memory.1)`.
+    pub memory: (usize, usize),
     pub writes: bool,
 }
 
 impl Footprint {
-    /// Whether the two must not be in flight together: they share bytes of
-    /// one file and one of them writes them (a read after a write, or two
-    /// writes, must see the order they were submitted in).
+    /// Whether the two must not be in flight together, because the later
+    /// one must see what the earlier one did (or must not be seen by it):
+    /// * they share bytes of one file and one of them writes the file (a
+    ///   read after a write, two writes). Block devices are compared as one:
+    ///   a partition and its disk, or a device-mapper volume and what it
+    ///   maps, share bytes under other names and offsets;
+    /// * they share memory and one of them reads into it (a write from a
+    ///   buffer after a read into it, two reads into it).
     pub fn conflicts_with(&self, other: &Footprint) -> bool {
-        self.file == other.file && self.start < other.end && other.start < self.end && (self.writes || other.writes)
+        let either_writes_file = self.writes || other.writes;
+        let same_file_bytes = if self.file.block_device && other.file.block_device {
+            true
+        } else {
+            self.file == other.file && self.start < other.end && other.start < self.end
+        };
+        let either_fills_memory = !self.writes || !other.writes;
+        let same_memory = self.memory.0 < other.memory.1 && other.memory.0 < self.memory.1;
+        (same_file_bytes && either_writes_file) || (same_memory && either_fills_memory)
     }
 }
 
