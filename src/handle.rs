@@ -203,9 +203,18 @@ pub(crate) struct StreamTally {
     pub held_for_order: AtomicU64,
 }
 
-fn worker_loop(kind: EngineKind, queue_depth: usize, jobs: mpsc::Receiver<WorkerMsg>, tally: Arc<StreamTally>) {
-    // The worker's engine is made on, and only ever used by, this thread.
+fn worker_loop(
+    kind: EngineKind,
+    queue_depth: usize,
+    jobs: mpsc::Receiver<WorkerMsg>,
+    tally: Arc<StreamTally>,
+    ready: mpsc::Sender<()>,
+) {
+    // The worker's engine is made on, and only ever used by, this thread;
+    // the handle's constructor waits for it (see `IoHandle::build`).
     let mut engine = worker_engine(kind, queue_depth, Submitter::OneThread);
+    let _ = ready.send(());
+    drop(ready);
     let stream = knobs::settings().op_stream;
     // A message a stream stopped at, to be taken before the queue's next.
     let mut held_back: Option<WorkerMsg> = None;
@@ -532,13 +541,15 @@ impl IoHandle {
         let engine_kind = resolve_engine(&config)?;
         let mut workers = Vec::with_capacity(config.intra_op_parallelism);
         let stream_tally = Arc::new(StreamTally::default());
+        let (ready_tx, ready_rx) = mpsc::channel::<()>();
         for index in 0..config.intra_op_parallelism {
             let (tx, rx) = mpsc::channel::<WorkerMsg>();
             let qd = config.queue_depth;
             let tally = stream_tally.clone();
+            let ready = ready_tx.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("deepnvme-io-{index}"))
-                .spawn(move || worker_loop(engine_kind, qd, rx, tally))
+                .spawn(move || worker_loop(engine_kind, qd, rx, tally, ready))
                 .map_err(|e| Error::Engine(format!("spawning I/O worker {index}: {e}")))?;
             let tx = Arc::new(tx);
             if engine_kind == EngineKind::Uring {
@@ -546,6 +557,17 @@ impl IoHandle {
                 crate::engine::fixed::add_retire_listener(Arc::downgrade(&listener));
             }
             workers.push(Worker { jobs: Some(tx), thread: Some(thread) });
+        }
+        // Every worker has made its engine (its ring, its fds) before the
+        // handle is handed out: what a new handle holds is then fixed when
+        // `new` returns, not some moment later (a caller that counts its
+        // descriptors, or forks, sees all of them), and a ring that cannot
+        // be made is logged here. A worker that died first drops its sender.
+        drop(ready_tx);
+        for index in 0..workers.len() {
+            if ready_rx.recv().is_err() {
+                return Err(Error::Engine(format!("I/O worker {index} of {} ended while starting", workers.len())));
+            }
         }
         Ok(IoHandle {
             config,

@@ -18,7 +18,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
-use deepnvme::{BufferDesc, Direction, Error, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager};
+use deepnvme::{
+    BufferDesc, Direction, EngineKind, Error, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager,
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -491,6 +493,36 @@ fn deepnvme_thread_states() -> String {
 
 fn task_count() -> usize {
     std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()
+}
+
+/// The descriptors that are io_uring rings.
+fn io_uring_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains("io_uring"))
+        .count()
+}
+
+/// A handle's workers have made their rings when `new` returns, so what a
+/// new handle holds is fixed at once (a caller counting descriptors or
+/// forking right after `new` sees every ring), and dropping it closes them.
+#[test]
+fn a_new_handle_holds_its_worker_rings_when_new_returns() {
+    let _g = serial();
+    if !engines().contains(&EngineKind::Uring) {
+        return;
+    }
+    drop(handle_with(EngineKind::Uring, 4096, 4, false, false, 1)); // process-wide probes, once
+    for round in 0..20 {
+        for par in [1usize, 2, 4] {
+            let before = io_uring_fds();
+            let h = handle_with(EngineKind::Uring, 4096, 8, false, false, par);
+            assert_eq!(io_uring_fds(), before + par, "round {round}: rings right after new() with {par} workers");
+            drop(h);
+            assert_eq!(io_uring_fds(), before, "round {round}: rings after the handle with {par} workers dropped");
+        }
+    }
 }
 
 #[test]
