@@ -406,7 +406,8 @@ pub struct IoHandle {
     /// Serialises blocking calls and `wait()` (DeepSpeed's handle mutex).
     serial: Mutex<()>,
     /// Engine of the ops that run on the calling thread (small blocking
-    /// ops, `read`/`write`) with more than one request per slice.
+    /// ops, `read`/`write`) with more than one request per slice; None only
+    /// after it broke, until the next such op makes a new one.
     inline_engine: Mutex<Option<Box<dyn Engine>>>,
     /// Engine of the calling thread's ops of one request per slice: a
     /// pread/pwrite each (see [`IoHandle::run_on_inline_engine`]). Depth 1:
@@ -569,13 +570,17 @@ impl IoHandle {
                 return Err(Error::Engine(format!("I/O worker {index} of {} ended while starting", workers.len())));
             }
         }
+        // Made now, like the workers' rings, so that a handle holds the same
+        // descriptors from `new` to drop (not one more after its first
+        // blocking op of more than one block).
+        let inline_engine = worker_engine(engine_kind, config.queue_depth, Submitter::AnyThread);
         Ok(IoHandle {
             config,
             engine_kind,
             workers,
             pending: Mutex::new(VecDeque::new()),
             serial: Mutex::new(()),
-            inline_engine: Mutex::new(None),
+            inline_engine: Mutex::new(Some(inline_engine)),
             one_request_engine: Mutex::new(PsyncEngine::new(1)),
             manager: PinnedMemoryManager::shared(),
             device_route,

@@ -504,9 +504,10 @@ fn io_uring_fds() -> usize {
         .count()
 }
 
-/// A handle's workers have made their rings when `new` returns, so what a
-/// new handle holds is fixed at once (a caller counting descriptors or
-/// forking right after `new` sees every ring), and dropping it closes them.
+/// A handle's rings (one per worker, one for the ops that run on the
+/// calling thread) are made when `new` returns, so what a new handle holds
+/// is fixed at once (a caller counting descriptors or forking right after
+/// `new` sees every ring, and its ops add none), and dropping it closes them.
 #[test]
 fn a_new_handle_holds_its_worker_rings_when_new_returns() {
     let _g = serial();
@@ -518,7 +519,19 @@ fn a_new_handle_holds_its_worker_rings_when_new_returns() {
         for par in [1usize, 2, 4] {
             let before = io_uring_fds();
             let h = handle_with(EngineKind::Uring, 4096, 8, false, false, par);
-            assert_eq!(io_uring_fds(), before + par, "round {round}: rings right after new() with {par} workers");
+            assert_eq!(io_uring_fds(), before + par + 1, "round {round}: rings right after new() with {par} workers");
+            if round == 0 {
+                let dir = TempDir::new("rings");
+                let path = dir.file("f.bin");
+                let data = pattern(7, 64 << 10);
+                for bytes in [4096usize, 64 << 10] {
+                    h.write_from(&data[..bytes], FileTarget::Path(&path), 0).unwrap();
+                    let mut back = vec![0u8; bytes];
+                    h.read_into(&mut back, FileTarget::Path(&path), 0).unwrap();
+                    assert_bytes_eq(&back, &data[..bytes], "read back");
+                }
+                assert_eq!(io_uring_fds(), before + par + 1, "rings after blocking ops with {par} workers");
+            }
             drop(h);
             assert_eq!(io_uring_fds(), before, "round {round}: rings after the handle with {par} workers dropped");
         }
