@@ -155,6 +155,19 @@ plain = torch.empty(n, dtype=torch.uint8)
 assert h.sync_pread(plain, path) == 1
 assert torch.equal(plain, dst)
 assert native.pinned_stats() == base, (native.pinned_stats(), base)
+# Twice in clean-clone CI (never in ~200 runs alone) this script ended with
+# "terminate called without an active exception", rc -6. The likely cause:
+# DeepSpeed's C++ worker thread signals an op complete and only then drops
+# its reference to the op, and with it to the caller's tensor. When that is
+# the last reference (the script has ended, finalization released the
+# Python side), torch takes the GIL on that thread to free the tensor's
+# Python object; during interpreter finalization CPython ends such a thread
+# with pthread_exit, whose unwinding through a noexcept destructor is
+# std::terminate (pytorch/pytorch#38228). Deleting the handle
+# joins its threads while the interpreter still runs. (deepnvme's workers
+# never hold a caller's tensor: a completion is finished and dropped on the
+# caller's thread.)
+del plain, src, dst, t, h
 print("STOCK-ON-RUST-MANAGER-OK")
 """
 
@@ -218,11 +231,7 @@ path = os.path.join(sys.argv[1], "x.bin")
 assert h.sync_pwrite(t, path) == 1
 back = torch.zeros(1 << 20, dtype=torch.uint8)
 assert h.sync_pread(back, path) == 1 and torch.equal(back, t)
-# DeepSpeed's handle (its C++ joins its threads) and the locked tensor go
-# here, not in interpreter finalization: one clean-clone CI run aborted after
-# this script's last line ("terminate called without an active exception",
-# not reproduced in 124 runs since); an abort while they go still fails.
-del back, t, h
+del back, t, h  # joins the stock op's threads before exit: see STOCK_ON_RUST_MANAGER's end
 print("CHECKS-THEN-STOCK-OK")
 """
 
