@@ -2,6 +2,7 @@
 async_io (libaio), with `device: cpu` offload as the floor, interleaved.
 
     python benches/zero_step_time.py [--rounds 5] [--steps 8] [--dir target/zero-bench]
+    python benches/zero_step_time.py --stream-ab [--rounds 6]   # op streaming on/off
 
 Each round runs examples/zero_infinity.py three times, each in a fresh
 interpreter: deepnvme and stock in alternating order (this disk favours
@@ -68,14 +69,43 @@ def run(kind, steps, directory, tag):
     }
 
 
+def stream_ab(args):
+    """deepnvme's step time with op streaming on against off, in alternating
+    order (on first in even rounds); prints per-round ratios and medians."""
+    got = {"1": [], "0": []}
+    for r in range(args.rounds):
+        for stream in (["1", "0"] if r % 2 == 0 else ["0", "1"]):
+            os.environ["DEEPNVME_OP_STREAM"] = stream
+            out = run("deepnvme", args.steps, args.dir, f"stream{stream}-r{r}")
+            got[stream].append(out)
+            print(f"round {r} stream {'on ' if stream == '1' else 'off'} {out['step_s'] * 1000:8.1f} ms/step, "
+                  f"blocked {out['wait_per_step'] * 1000:6.1f} ms/step", flush=True)
+    os.environ.pop("DEEPNVME_OP_STREAM", None)
+    if any(a["losses"] != b["losses"] for a, b in zip(got["1"], got["0"])):
+        raise SystemExit("losses differ between streaming on and off")
+    ratio = [a["step_s"] / b["step_s"] for a, b in zip(got["1"], got["0"])]
+    med = lambda k, s: statistics.median(x[k] for x in got[s]) * 1000  # noqa: E731
+    print(json.dumps({
+        "command": "python benches/zero_step_time.py " + " ".join(sys.argv[1:]),
+        "on_over_off": {"median": statistics.median(ratio), "min": min(ratio), "max": max(ratio),
+                        "per_round": ratio},
+        "median_step_ms": {"on": med("step_s", "1"), "off": med("step_s", "0")},
+        "median_blocked_ms": {"on": med("wait_per_step", "1"), "off": med("wait_per_step", "0")},
+    }, indent=1))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--dir", default=os.path.join(ROOT, "target", "zero-bench"))
     p.add_argument("--write-docs", action="store_true", help="write docs/perf/zero_step_time.{md,json}")
+    p.add_argument("--stream-ab", action="store_true",
+                   help="instead: deepnvme with op streaming on against off (DEEPNVME_OP_STREAM=1/0), alternating")
     args = p.parse_args()
     os.makedirs(args.dir, exist_ok=True)
+    if args.stream_ab:
+        return stream_ab(args)
 
     rounds = []
     for r in range(args.rounds):
