@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 use deepnvme::pinned::{memlock_limit, page_size};
 use deepnvme::PinnedMemoryManager;
 
+mod common;
+use common::Rng;
+
 /// RLIM_INFINITY as the u64 that memlock_limit() returns (rlim_t is not u64 on every target).
 #[allow(clippy::unnecessary_cast)]
 const INFINITY: u64 = libc::RLIM_INFINITY as u64;
@@ -48,17 +51,6 @@ impl LinearScan {
             }
         }
         false
-    }
-}
-
-/// xorshift64*: a small deterministic generator for the lookup order.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 }
 

@@ -31,19 +31,11 @@ use std::time::{Duration, Instant};
 
 use deepnvme::{FileTarget, HandleConfig, IoHandle, LockedBuffer};
 
+mod common;
+use common::Rng;
+
 const FILE_BYTES: u64 = 256 << 20;
 const WAYS: [&str; 3] = ["core", "open_pread_close", "pread"];
-
-/// xorshift64*: a small deterministic generator for the offsets.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
 
 fn cpu_seconds() -> f64 {
     // SAFETY: getrusage fills the zeroed struct it is given.

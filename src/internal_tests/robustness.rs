@@ -59,15 +59,15 @@ fn a_panicking_slice_fails_its_op_without_hanging_the_handle() {
     }
 }
 
-/// Records the thread each slice ran on.
-struct ThreadRecordingWork(Arc<parking_lot::Mutex<Vec<std::thread::ThreadId>>>);
+/// Records the thread each slice ran on, and the engine kind it ran with.
+struct ThreadRecordingWork(Arc<parking_lot::Mutex<Vec<(std::thread::ThreadId, crate::engine::EngineKind)>>>);
 
 impl OpWork for ThreadRecordingWork {
     fn slice_count(&self) -> usize {
         2
     }
-    fn run_slice(&self, _index: usize, _engine: &mut dyn Engine) -> Result<()> {
-        self.0.lock().push(std::thread::current().id());
+    fn run_slice(&self, _index: usize, engine: &mut dyn Engine) -> Result<()> {
+        self.0.lock().push((std::thread::current().id(), engine.kind()));
         Ok(())
     }
     fn slice_error(&self, index: usize, detail: String) -> Error {
@@ -102,7 +102,7 @@ fn small_blocking_ops_run_on_the_calling_thread_and_the_rest_on_workers() {
             let counted = h.dispatch_prepared(op, false).unwrap();
             assert_eq!(counted, 1 + usize::from(is_async_first), "{engine:?} {bytes}: ops counted");
             assert_eq!(finished.load(Ordering::SeqCst), counted, "{engine:?} {bytes}: each finished once");
-            let ran_here = threads.lock().iter().all(|t| *t == me);
+            let ran_here = threads.lock().iter().all(|(t, _)| *t == me);
             assert_eq!(threads.lock().len(), 2, "{engine:?} {bytes}: every slice ran");
             assert_eq!(ran_here, inline, "{engine:?} {bytes} (async op pending: {is_async_first}): where it ran");
         }
@@ -116,22 +116,6 @@ fn small_blocking_ops_run_on_the_calling_thread_and_the_rest_on_workers() {
         let work = Arc::new(ThreadRecordingWork(threads.clone()));
         let op = PreparedOp { work, completion: Box::new(CountFinish(finished)), meta: meta(4096) };
         assert_eq!(h.dispatch_prepared(op, false).unwrap(), 1, "{engine:?}: the handle works after an inline panic");
-    }
-}
-
-/// Records the engine kind each slice ran with, and on which thread.
-struct EngineRecordingWork(Arc<parking_lot::Mutex<Vec<(std::thread::ThreadId, crate::engine::EngineKind)>>>);
-
-impl OpWork for EngineRecordingWork {
-    fn slice_count(&self) -> usize {
-        2
-    }
-    fn run_slice(&self, _index: usize, engine: &mut dyn Engine) -> Result<()> {
-        self.0.lock().push((std::thread::current().id(), engine.kind()));
-        Ok(())
-    }
-    fn slice_error(&self, index: usize, detail: String) -> Error {
-        Error::Engine(format!("slice {index}: {detail}"))
     }
 }
 
@@ -151,7 +135,7 @@ fn one_block_blocking_ops_use_plain_syscalls_on_the_calling_thread() {
         for (bytes, expected) in [(block, EngineKind::Psync), (block + 1, engine), (8 * block, engine)] {
             let ran = Arc::new(parking_lot::Mutex::new(Vec::new()));
             let meta = OpMeta { bytes: bytes as u64, may_run_inline: true, ..Default::default() };
-            let work = Arc::new(EngineRecordingWork(ran.clone()));
+            let work = Arc::new(ThreadRecordingWork(ran.clone()));
             let op = PreparedOp { work, completion: Box::new(CountFinish(Arc::new(AtomicUsize::new(0)))), meta };
             assert_eq!(h.dispatch_prepared(op, false).unwrap(), 1);
             assert_eq!(*ran.lock(), vec![(me, expected); 2], "{engine:?}, an op of {bytes} bytes");
