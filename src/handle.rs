@@ -15,7 +15,11 @@
 //! As in DeepSpeed, a blocking call (`sync_*`, `pread/pwrite(async=False)`)
 //! submits and then waits for *every* pending op, and returns that count;
 //! blocking calls and `wait()` are serialised per handle so that two threads
-//! blocking on one handle each get their own count.
+//! blocking on one handle each get their own count. A small blocking op
+//! with nothing pending runs on the calling thread instead (no hand-off to
+//! a worker and back): as plain pread/pwrite when it is one block, else on
+//! the handle's calling-thread ring. Every ring is made before `new`
+//! returns, so a handle holds the same descriptors from `new` to drop.
 //!
 //! Errors never abort: a failed slice fails its op, and `wait()` reports it
 //! after finishing every other op. Dropping a handle finishes what is still
