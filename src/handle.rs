@@ -134,19 +134,17 @@ impl Job {
                 (Err(self.op.work.slice_error(self.slice, detail)), false)
             }
         };
-        self.ran = true;
-        self.op.complete_slice(outcome);
+        self.complete(outcome);
         clean
     }
-}
 
-impl Job {
     /// Completes the slice with the outcome of its streamed run.
     fn complete_streamed(&mut self, outcome: std::result::Result<(), crate::error::TransferError>) {
         let outcome = outcome.map_err(|e| self.op.work.stream_error(e));
         self.complete(outcome);
     }
 
+    /// Completes the slice once (a later call, or the drop, does nothing).
     fn complete(&mut self, outcome: Result<()>) {
         if !self.ran {
             self.ran = true;
@@ -245,12 +243,7 @@ fn worker_loop(
         };
         let clean = match streamed {
             Some(first) => {
-                let mut queued = QueuedRuns {
-                    jobs: Some(&jobs),
-                    first: Some((job, first)),
-                    tally: Some(&tally),
-                    ..QueuedRuns::default()
-                };
+                let mut queued = QueuedRuns::new(&jobs, &tally, (job, first));
                 let clean = match catch_unwind(AssertUnwindSafe(|| engine.run_stream(&mut queued))) {
                     Ok(()) => true,
                     Err(payload) => {
@@ -281,20 +274,29 @@ fn worker_loop(
 /// once the ring has drained) when it cannot stream, or when it shares bytes
 /// of a file with a started run and one of them writes: ops on the same
 /// bytes keep their submission order, as when each op drained the ring.
-#[derive(Default)]
 struct QueuedRuns<'a> {
-    jobs: Option<&'a mpsc::Receiver<WorkerMsg>>,
+    jobs: &'a mpsc::Receiver<WorkerMsg>,
     first: Option<(Job, (engine::StreamRun, Footprint))>,
     /// Started and not yet done: (run number, job, what it touches).
     started: Vec<(usize, Job, Footprint)>,
     next_n: usize,
     held_back: Option<WorkerMsg>,
-    tally: Option<&'a StreamTally>,
+    tally: &'a StreamTally,
     /// Jobs whose slices are complete (see `run_done`).
     finished: Vec<Job>,
 }
 
-impl QueuedRuns<'_> {
+impl<'a> QueuedRuns<'a> {
+    /// The stream that starts with `first`, the job the worker took.
+    fn new(
+        jobs: &'a mpsc::Receiver<WorkerMsg>,
+        tally: &'a StreamTally,
+        first: (Job, (engine::StreamRun, Footprint)),
+    ) -> Self {
+        let (started, finished) = (Vec::new(), Vec::new());
+        QueuedRuns { jobs, first: Some(first), started, next_n: 0, held_back: None, tally, finished }
+    }
+
     fn take_next(&mut self) -> Option<(Job, (engine::StreamRun, Footprint))> {
         if let Some(first) = self.first.take() {
             return Some(first);
@@ -304,7 +306,7 @@ impl QueuedRuns<'_> {
         if self.held_back.is_some() || self.next_n >= knobs::MAX_STREAMED_OPS || engine::fixed::fork_pending() {
             return None;
         }
-        let job = match self.jobs?.try_recv() {
+        let job = match self.jobs.try_recv() {
             Ok(WorkerMsg::Run(job)) => job,
             Ok(other) => {
                 self.held_back = Some(other);
@@ -317,9 +319,7 @@ impl QueuedRuns<'_> {
         let blocked = match &run {
             None => true,
             Some((_, fp)) if conflicts(fp) => {
-                if let Some(tally) = self.tally {
-                    tally.held_for_order.fetch_add(1, Ordering::Relaxed);
-                }
+                self.tally.held_for_order.fetch_add(1, Ordering::Relaxed);
                 true
             }
             Some(_) => false,
@@ -343,8 +343,8 @@ impl QueuedRuns<'_> {
 impl engine::StreamSource for QueuedRuns<'_> {
     fn next_run(&mut self) -> Option<engine::StreamRun> {
         let (job, (run, footprint)) = self.take_next()?;
-        if let (Some(tally), false) = (self.tally, self.started.is_empty()) {
-            tally.overlapped.fetch_add(1, Ordering::Relaxed);
+        if !self.started.is_empty() {
+            self.tally.overlapped.fetch_add(1, Ordering::Relaxed);
         }
         self.started.push((self.next_n, job, footprint));
         self.next_n += 1;
@@ -981,9 +981,9 @@ impl IoHandle {
     /// An op of at most one block has one request per slice: a
     /// pread/pwrite is one syscall that sleeps until the data is there,
     /// where an io_uring round trip adds a completion wake-up and a reap
-    /// (4 KiB reads: 10-20% more round trips per second,
+    /// (4 KiB reads: about 9% more round trips per second,
     /// `examples/small_ops_bench.rs`). Larger ops use the handle's inline
-    /// engine (made on first use, replaced once it cannot be trusted).
+    /// engine (made in `new`, replaced once it cannot be trusted).
     fn run_on_inline_engine(&self, work: &dyn OpWork, bytes: u64) -> Result<()> {
         if bytes <= self.config.block_size as u64 {
             return run_guarded(work, &mut *self.one_request_engine.lock());
@@ -1036,15 +1036,16 @@ impl IoHandle {
         stats::process_counters().record(&record);
     }
 
-    /// What this handle did so far: ops, bytes, bounced bytes, failures,
-    /// latency (see [`crate::stats`]).
-    /// (runs its workers started while an earlier one was unfinished,
-    /// slices held back to keep the order of ops on the same bytes).
+    /// How its workers streamed ops: (runs started while an earlier one was
+    /// unfinished, slices held back to keep the order of ops on the same
+    /// bytes).
     #[cfg_attr(not(test), allow(dead_code))] // read by the internal tests
     pub(crate) fn stream_counts(&self) -> (u64, u64) {
         (self.stream_tally.overlapped.load(Ordering::Relaxed), self.stream_tally.held_for_order.load(Ordering::Relaxed))
     }
 
+    /// What this handle did so far: ops, bytes, bounced bytes, failures,
+    /// latency (see [`crate::stats`]).
     pub fn stats(&self) -> Stats {
         self.counters.snapshot()
     }

@@ -75,6 +75,22 @@ unsafe impl Send for Piece {}
 unsafe impl Sync for Piece {}
 
 impl Piece {
+    /// The piece of `segment` that starts `offset` bytes into it: at most
+    /// `block` bytes (`offset` < the segment's length).
+    fn of(segment: &Segment, offset: usize, block: usize) -> Piece {
+        debug_assert!(offset < segment.len);
+        Piece {
+            fd: segment.fd,
+            file_offset: segment.file_offset + offset as u64,
+            // SAFETY: offset < segment.len, inside the segment.
+            addr: unsafe { segment.addr.add(offset) },
+            len: block.min(segment.len - offset),
+            done: 0,
+            eagain: 0,
+            eintr: 0,
+        }
+    }
+
     pub fn remaining(&self) -> usize {
         self.len - self.done
     }
@@ -151,19 +167,7 @@ pub(crate) fn pieces(segments: &[Segment], block_size: usize) -> impl Iterator<I
     let block = block_size.max(1);
     segments.iter().flat_map(move |s| {
         let n = s.len.div_ceil(block);
-        (0..n).map(move |i| {
-            let off = i * block;
-            Piece {
-                fd: s.fd,
-                file_offset: s.file_offset + off as u64,
-                // SAFETY: off < s.len, inside the segment.
-                addr: unsafe { s.addr.add(off) },
-                len: block.min(s.len - off),
-                done: 0,
-                eagain: 0,
-                eintr: 0,
-            }
-        })
+        (0..n).map(move |i| Piece::of(s, i * block, block))
     })
 }
 
@@ -295,19 +299,9 @@ impl Iterator for PieceCursor {
                 self.offset = 0;
                 continue;
             }
-            let off = self.offset;
-            let len = self.block.min(s.len - off);
-            self.offset += len;
-            return Some(Piece {
-                fd: s.fd,
-                file_offset: s.file_offset + off as u64,
-                // SAFETY: off < s.len, inside the segment.
-                addr: unsafe { s.addr.add(off) },
-                len,
-                done: 0,
-                eagain: 0,
-                eintr: 0,
-            });
+            let piece = Piece::of(s, self.offset, self.block);
+            self.offset += piece.len;
+            return Some(piece);
         }
         None
     }

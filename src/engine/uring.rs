@@ -456,8 +456,7 @@ impl UringEngine {
                 self.slot_run[slot] = run.n;
                 run.in_flight += 1;
                 in_flight += 1;
-                let (direction, memory) = (run.direction, run.memory.clone());
-                self.push(direction, slot, memory.as_ref(), table.as_deref_mut());
+                self.push(run.direction, slot, run.memory.as_ref(), table.as_deref_mut());
             }
             // Report the runs that are over (a run with no bytes is over at once).
             let mut i = 0;
@@ -499,8 +498,7 @@ impl UringEngine {
                 match settle(&mut piece, run.direction, res, run.first_error.is_some()) {
                     Settled::Again => {
                         self.slots[slot] = Some(piece);
-                        let (direction, memory) = (run.direction, run.memory.clone());
-                        self.push(direction, slot, memory.as_ref(), table.as_deref_mut());
+                        self.push(run.direction, slot, run.memory.as_ref(), table.as_deref_mut());
                     }
                     settled => {
                         self.free_slots.push(slot);
