@@ -100,57 +100,52 @@ impl BufferDesc {
     }
 }
 
-/// Copies between the caller's buffer and a host bounce buffer, for memory
-/// the I/O cannot use directly (device memory, strided layouts, memory that
-/// is not page-locked). The torch glue implements it with tensor copies.
+/// The front end's side of an op on memory the I/O cannot use directly
+/// (device memory, strided layouts, memory that is not page-locked), and the
+/// op's hold on the caller's buffer: the op keeps it until it finishes, so an
+/// implementation that owns (or references) the buffer keeps the memory
+/// alive for that long.
 ///
-/// A `Staging` is also the op's hold on the caller's memory: the op keeps it
-/// until it finishes, so an implementation that owns (or references) the
-/// buffer keeps the memory alive for that long.
+/// Contiguous host memory is copied by the core itself, inside
+/// [`Staging::hold_still`] (see `op/caller.rs`, the ownership rule);
+/// anything else through `copy_to_bounce` / `copy_from_bounce`.
 pub trait Staging: Send {
-    /// Caller buffer -> `bounce` (before a write).
+    /// Caller buffer -> `bounce` (before a write), for device or strided memory.
     fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> Result<()>;
-    /// `bounce` -> caller buffer (after a read).
+    /// `bounce` -> caller buffer (after a read), for device or strided memory.
     fn copy_from_bounce(&mut self, bounce: &[u8]) -> Result<()>;
     /// Where the caller's buffer is now (address, bytes), when the front end
     /// can tell: a torch tensor whose storage was swapped while its op was in
-    /// flight (`set_`, `resize_`, `.data =`) reports somewhere else, and the
-    /// op then fails at `wait()` instead of copying into memory it was not
-    /// given. `None`: the buffer cannot move.
+    /// flight (`set_`, `resize_`, `.data =`) reports somewhere else, and no
+    /// copy then touches it. `None`: the buffer cannot move. Asked only
+    /// inside [`Staging::hold_still`].
     fn current_extent(&self) -> Option<(usize, usize)> {
         None
     }
-    /// Whether `current_extent` answers (decided once, when the op is
-    /// prepared, without asking where the buffer is: a front end may need
-    /// its interpreter to answer that).
-    fn reports_extent(&self) -> bool {
-        self.current_extent().is_some()
-    }
-    /// Whether the caller's memory is guaranteed to stay where it was given
-    /// until the op finishes. Only then may the engines copy a bounced read
-    /// into it block by block, before `wait()`. The default is `false`: a
-    /// front end that cannot promise it (a torch tensor's storage can be
-    /// swapped or resized mid-flight) gets its bytes copied at `wait()`,
-    /// after `current_extent` says the buffer has not moved, or through its
-    /// own `copy_from_bounce`.
-    fn memory_is_fixed(&self) -> bool {
-        false
+    /// Runs `access` (once) while nothing can free or move the caller's
+    /// memory. The default runs it as it is: memory that cannot move (the
+    /// contract of [`BufferDesc::from_raw_parts`], a buffer the op owns). A
+    /// front end whose memory can move (a torch tensor, a Python buffer)
+    /// runs it holding the interpreter's lock, from whichever thread calls.
+    fn hold_still(&self, access: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        access()
     }
 }
 
-/// Staging for contiguous host memory: plain memcpy.
-pub(crate) struct MemcpyStaging {
+/// Memory that stays put while the op runs (`from_raw_parts`' contract):
+/// the core copies it directly, and there is nothing to hold.
+pub(crate) struct FixedMemory {
     desc: BufferDesc,
 }
 
-impl MemcpyStaging {
+impl FixedMemory {
     /// `desc` must be contiguous host memory (its contract covers the copies).
-    pub(crate) fn new(desc: BufferDesc) -> Option<MemcpyStaging> {
-        (desc.is_host() && desc.contiguous).then_some(MemcpyStaging { desc })
+    pub(crate) fn new(desc: BufferDesc) -> Option<FixedMemory> {
+        (desc.is_host() && desc.contiguous).then_some(FixedMemory { desc })
     }
 }
 
-impl Staging for MemcpyStaging {
+impl Staging for FixedMemory {
     fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> Result<()> {
         let n = self.desc.len.min(bounce.len());
         // SAFETY: `from_raw_parts`' contract: the memory is valid and ours
@@ -163,10 +158,6 @@ impl Staging for MemcpyStaging {
         // SAFETY: as above.
         unsafe { std::ptr::copy_nonoverlapping(bounce.as_ptr(), self.desc.ptr, n) };
         Ok(())
-    }
-    /// `from_raw_parts`' contract: valid (and so unmoved) until the op finishes.
-    fn memory_is_fixed(&self) -> bool {
-        true
     }
 }
 

@@ -180,7 +180,7 @@ impl Handle {
             if is_async {
                 blocking(|| self.core.submit(op, true))
             } else {
-                blocking(|| self.core.submit_blocking_with(op, SIGNAL_POLL_INTERVAL, &mut check_signals))
+                blocking(|| self.core.submit_blocking_with(op, false, SIGNAL_POLL_INTERVAL, &mut check_signals))
             }
         }))
     }

@@ -165,6 +165,11 @@ impl Staging for TorchStaging {
     fn current_extent(&self) -> Option<(usize, usize)> {
         Some((self.op.data_address(), self.op.data_bytes()))
     }
+    /// Under the GIL: Python code can then neither free nor swap the
+    /// tensor's storage (`resize_`, `set_`, `del`).
+    fn hold_still(&self, access: &mut dyn FnMut() -> crate::Result<()>) -> crate::Result<()> {
+        crate::interpreter::with_interpreter_lock(access)
+    }
 }
 
 fn staging(op: UniquePtr<bridge::io_op_desc_t>) -> Option<Box<dyn Staging>> {

@@ -50,9 +50,10 @@ use crate::file::FileTarget;
 use crate::gds::{GdsDriver, GdsDriverGuard};
 use crate::knobs;
 use crate::op::checks::check_divisible;
-use crate::op::work::{Footprint, OpCompletion, OpMeta, OpWork, PreparedOp};
+use crate::op::window::{ChunkRunner, WindowedOp};
+use crate::op::work::{Footprint, OpCompletion, OpFootprint, OpMeta, OpWork, PreparedOp};
+use crate::op::{CpuOp, Mode, OpRequest, Prepared};
 use crate::stats::{self, Counters, OpRecord, Stats};
-use crate::op::{CpuOp, OpRequest};
 use crate::pinned::PinnedMemoryManager;
 
 /// Completions finished under the handle's `serial` lock, to be dropped
@@ -68,14 +69,81 @@ struct InFlight {
     done: Condvar,
     /// How the op finishes; taken by whoever finishes it.
     completion: Mutex<Option<Box<dyn OpCompletion>>>,
+    /// Earlier ops on the same file bytes: this op's slices start only
+    /// once theirs have all run (ops take effect in submission order).
+    after: Vec<Arc<InFlight>>,
 }
 
 struct SliceTally {
     remaining: usize,
     first_error: Option<Error>,
+    /// `finish` has run (by whichever thread finished the op).
+    finished: bool,
 }
 
 impl InFlight {
+    fn new(work: Arc<dyn OpWork>, completion: Option<Box<dyn OpCompletion>>, meta: OpMeta, after: Vec<Arc<InFlight>>) -> Self {
+        let remaining = work.slice_count();
+        InFlight {
+            work,
+            meta,
+            started: Instant::now(),
+            state: Mutex::new(SliceTally { remaining, first_error: None, finished: false }),
+            done: Condvar::new(),
+            completion: Mutex::new(completion),
+            after,
+        }
+    }
+
+    fn slices_done(&self) -> bool {
+        self.state.lock().remaining == 0
+    }
+
+    /// Blocks until every slice ran; true when none failed.
+    fn until_slices_done(&self) -> bool {
+        let mut st = self.state.lock();
+        while st.remaining > 0 {
+            self.done.wait(&mut st);
+        }
+        st.first_error.is_none()
+    }
+
+    /// Whether the ops this one must follow have run all their slices.
+    fn predecessors_done(&self) -> bool {
+        self.after.iter().all(|op| op.slices_done())
+    }
+
+    /// Blocks until the ops this one must follow have run all their slices.
+    fn until_predecessors_done(&self) {
+        for op in &self.after {
+            op.until_slices_done();
+        }
+    }
+
+    /// Makes everything the op does to the caller's memory happen now: its
+    /// slices have run and a bounced read's bytes are copied out (by this
+    /// thread, under the ownership rule). Returns once that is so, also
+    /// when another thread is finishing the op meanwhile.
+    fn settle(&self) {
+        let ok = self.until_slices_done();
+        let mut completion = self.completion.lock();
+        match completion.as_mut() {
+            Some(c) => c.settle(ok),
+            None => {
+                drop(completion);
+                let mut st = self.state.lock();
+                while !st.finished {
+                    self.done.wait(&mut st);
+                }
+            }
+        }
+    }
+
+    fn mark_finished(&self) {
+        self.state.lock().finished = true;
+        self.done.notify_all();
+    }
+
     fn complete_slice(&self, outcome: Result<()>) {
         let mut st = self.state.lock();
         if let Err(e) = outcome {
@@ -124,6 +192,7 @@ impl Job {
     /// Runs the slice; returns false when it panicked (the engine is then
     /// not to be trusted).
     fn run(mut self, engine: &mut dyn Engine) -> bool {
+        self.op.until_predecessors_done();
         let (outcome, clean) = match catch_unwind(AssertUnwindSafe(|| self.op.work.run_slice(self.slice, engine))) {
             Ok(outcome) => (outcome, true),
             Err(payload) => {
@@ -235,6 +304,7 @@ fn worker_loop(
                 continue;
             }
         };
+        job.op.until_predecessors_done();
         let streamed = if stream && engine.streams_runs() {
             // (a panic here falls back to `run`, which contains it)
             catch_unwind(AssertUnwindSafe(|| job.op.work.stream_run(job.slice))).unwrap_or(None)
@@ -314,6 +384,11 @@ impl<'a> QueuedRuns<'a> {
             }
             Err(_) => return None,
         };
+        if !job.op.predecessors_done() {
+            self.tally.held_for_order.fetch_add(1, Ordering::Relaxed);
+            self.held_back = Some(WorkerMsg::Run(job));
+            return None;
+        }
         let run = job.op.work.stream_run(job.slice);
         let conflicts = |fp: &Footprint| self.started.iter().any(|(_, _, s)| s.conflicts_with(fp));
         let blocked = match &run {
@@ -639,11 +714,10 @@ impl IoHandle {
     /// Builds the op for a request: contiguous CUDA buffers on a GDS handle
     /// go through cuFile; everything else through the CPU path (bouncing
     /// what cannot be used directly).
-    /// `blocking`: see [`CpuOp::prepare`].
-    fn prepare(&self, request: OpRequest<'_>, blocking: bool) -> Result<PreparedOp> {
+    fn prepare(&self, request: OpRequest<'_>, mode: Mode) -> Result<HandleOp> {
         match (&self.device_route, request.buffer.location()) {
             (DeviceRoute::Gds(gds), Location::Cuda(_)) if request.buffer.is_contiguous() => {
-                crate::gds::op::prepare(&gds.driver, request, gds.parallelism, gds.block_size)
+                crate::gds::op::prepare(&gds.driver, request, gds.parallelism, gds.block_size).map(HandleOp::Queued)
             }
             (DeviceRoute::GdsUnavailable(why), Location::Cuda(_)) => {
                 Err(crate::gds::unavailable(format!("this gds_handle has no GPUDirect Storage: {why}")))
@@ -652,9 +726,29 @@ impl IoHandle {
                 let parallelism = self.config.intra_op_parallelism;
                 let b = &request.buffer;
                 check_divisible(request.direction, b.len(), request.file_offset, &request.target, parallelism)?;
-                Ok(CpuOp::prepare(request, parallelism, self.config.transfer_knobs(), self.manager, blocking)?.into())
+                Ok(match CpuOp::prepare(request, parallelism, self.config.transfer_knobs(), self.manager, mode)? {
+                    Prepared::Op(op) => HandleOp::Queued(op.into()),
+                    Prepared::Windowed(op) => HandleOp::Windowed(op),
+                })
             }
         }
+    }
+
+    /// Before an op on `request`'s memory is prepared: every pending op
+    /// that shares that memory, where either fills it, has its effect on it
+    /// now (see [`InFlight::settle`]), so that the new op's copies and I/O
+    /// come after the earlier op's, in submission order.
+    fn settle_memory_conflicts(&self, request: &OpRequest<'_>) {
+        let b = &request.buffer;
+        let mine = OpFootprint::of_memory(b.ptr() as usize, b.len(), request.direction == Direction::Read);
+        for op in self.pending_matching(|fp| fp.memory_conflicts(&mine)) {
+            op.settle();
+        }
+    }
+
+    /// The pending ops whose footprint matches (a snapshot of the queue).
+    fn pending_matching(&self, matches: impl Fn(&OpFootprint) -> bool) -> Vec<Arc<InFlight>> {
+        self.pending.lock().iter().filter(|op| op.meta.footprint.as_ref().is_some_and(&matches)).cloned().collect()
     }
 
     /// `pread`/`pwrite`/`async_*`/`sync_*`: submits a parallel op. With
@@ -662,33 +756,57 @@ impl IoHandle {
     /// returns how many finished. The buffer's [`BufferDesc`] contract holds
     /// until the op is finished.
     pub fn submit(&self, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
-        self.check_process()?;
-        let op = self.prepare(request, !is_async)?;
-        self.dispatch_prepared(op, is_async)
+        self.submit_blocking_with(request, is_async, Duration::MAX, &mut || Ok(()))
     }
 
     /// Dispatches a prepared op: with `is_async` returns 0 at once;
     /// otherwise waits for every pending op and returns how many finished.
     /// Slice `i` runs on worker `i % workers`.
+    #[cfg_attr(not(test), allow(dead_code))] // the internal tests run their own work
     pub(crate) fn dispatch_prepared(&self, op: PreparedOp, is_async: bool) -> Result<usize> {
         self.check_process()?;
-        if is_async {
-            // An async submit never waits behind another thread's blocking
-            // call: DeepSpeed's bindings keep the GIL for async_*.
-            self.dispatch(op);
-            return Ok(0);
-        }
-        let (result, finished) = self.waiting(|| {
-            let _serial = self.serial.lock();
-            match self.run_inline(op) {
-                Ok(ran) => ran,
-                Err(op) => {
-                    self.dispatch(op);
-                    self.caller_entered();
-                    self.wait_locked()
-                }
+        self.run_prepared(HandleOp::Queued(op), is_async, Duration::MAX, &mut || Ok(()))
+    }
+
+    fn run_prepared(
+        &self,
+        op: HandleOp,
+        is_async: bool,
+        poll: Duration,
+        between: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<usize> {
+        let op = match op {
+            HandleOp::Queued(op) if is_async => {
+                // An async submit never waits behind another thread's
+                // blocking call: DeepSpeed's bindings keep the GIL for async_*.
+                self.dispatch(op);
+                return Ok(0);
             }
-        });
+            op => op,
+        };
+        let (result, finished) = self.waiting(|| -> Result<_> {
+            let _serial = self.serial.lock();
+            Ok(match op {
+                HandleOp::Queued(op) => match self.run_inline(op) {
+                    Ok(ran) => ran,
+                    Err(op) => {
+                        self.dispatch(op);
+                        self.until_io_idle(poll, between)?;
+                        self.wait_locked()
+                    }
+                },
+                HandleOp::Windowed(op) => {
+                    // Everything submitted before it takes effect first.
+                    let (earlier, finished) = self.wait_locked();
+                    let started = Instant::now();
+                    let meta = windowed_meta(&op);
+                    let mut workers = WorkerChunks { handle: self, in_flight: VecDeque::new() };
+                    let outcome = op.run(&mut workers, between);
+                    self.record(meta, outcome.is_ok(), started);
+                    (combine(earlier, outcome), finished)
+                }
+            })
+        })?;
         drop(finished);
         result
     }
@@ -711,89 +829,49 @@ impl IoHandle {
         Ok((result.map(|()| 1), vec![completion]))
     }
 
-    /// The caller's thread is in a call that waits for every pending op:
-    /// their bounced copies may run as their blocks complete.
-    fn caller_entered(&self) {
-        self.tell_pending(|completion| completion.caller_entered());
-    }
-
-    /// The caller's thread leaves a wait early (interrupted), its ops still
-    /// in flight: nothing may touch their callers' memory until the next
-    /// wait (a bounced write copies in what it still needs first).
-    fn caller_left(&self) {
-        self.tell_pending(|completion| completion.caller_left());
-    }
-
-    /// Calls `tell` on every pending op's completion (the queue is copied
-    /// first: a gate's copies may take a while, and async submits from
-    /// other threads queue under that lock).
-    fn tell_pending(&self, tell: impl Fn(&dyn OpCompletion)) {
-        let pending: Vec<Arc<InFlight>> = self.pending.lock().iter().cloned().collect();
-        for op in pending {
-            if let Some(completion) = op.completion.lock().as_ref() {
-                tell(completion.as_ref());
-            }
-        }
-    }
-
-    /// [`Self::until_io_idle`] for a caller in the call: on an early end
-    /// (interrupted), the ops' gates close before the error is returned.
-    fn until_io_idle_in_call(&self, poll: Duration, between: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        self.caller_entered();
-        let waited = self.until_io_idle(poll, between);
-        if waited.is_err() {
-            self.caller_left();
-        }
-        waited
-    }
-
     /// Waits, in steps of `poll`, until the I/O of every op submitted so
     /// far has ended (without finishing them), calling `between` after each
     /// step that ended with I/O still running. An error from `between` ends
     /// the wait early, the ops still pending.
     fn until_io_idle(&self, poll: Duration, between: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         loop {
-            let deadline = Instant::now() + poll;
+            let deadline = Instant::now().checked_add(poll);
             // The first op still running, if any (no list copied per step).
             loop {
-                let running = self.pending.lock().iter().find(|op| op.state.lock().remaining > 0).cloned();
-                match running {
-                    None => return Ok(()),
-                    Some(op) if op.slices_done_by(deadline) => continue,
-                    Some(_) => break,
+                let running = self.pending.lock().iter().find(|op| !op.slices_done()).cloned();
+                match (running, deadline) {
+                    (None, _) => return Ok(()),
+                    (Some(op), None) => {
+                        op.until_slices_done();
+                    }
+                    (Some(op), Some(deadline)) if op.slices_done_by(deadline) => continue,
+                    (Some(_), Some(_)) => break,
                 }
             }
             between()?;
         }
     }
 
-    /// [`IoHandle::submit`] with `is_async` false, waiting in steps of
+    /// [`IoHandle::submit`], waiting (when not `is_async`) in steps of
     /// `poll` and calling `between` between them (the Python front ends run
     /// pending signal handlers there, so Ctrl-C ends a long read at once).
-    /// An error from `between` is returned with the ops left pending, their
-    /// buffers held; a later `wait()` finishes them. Blocking calls on one
-    /// handle stay serialised, as in [`IoHandle::submit`].
+    /// An error from `between` is returned with the queued ops left pending,
+    /// their buffers held; a later `wait()` finishes them. A blocking op
+    /// streaming through bounce windows stops at its next window instead
+    /// (the error names how far it got). Blocking calls on one handle stay
+    /// serialised.
     pub fn submit_blocking_with(
         &self,
         request: OpRequest<'_>,
+        is_async: bool,
         poll: Duration,
         between: &mut dyn FnMut() -> Result<()>,
     ) -> Result<usize> {
         self.check_process()?;
-        let op = self.prepare(request, true)?;
-        let (result, finished) = self.waiting(|| -> Result<_> {
-            let _serial = self.serial.lock();
-            Ok(match self.run_inline(op) {
-                Ok(ran) => ran,
-                Err(op) => {
-                    self.dispatch(op);
-                    self.until_io_idle_in_call(poll, between)?;
-                    self.wait_locked()
-                }
-            })
-        })?;
-        drop(finished);
-        result
+        self.settle_memory_conflicts(&request);
+        let mode = if is_async { Mode::Async } else { Mode::Blocking };
+        let op = self.prepare(request, mode)?;
+        self.run_prepared(op, is_async, poll, between)
     }
 
     /// [`IoHandle::wait`] in steps of `poll`, calling `between` between
@@ -802,7 +880,7 @@ impl IoHandle {
         self.check_process()?;
         let (result, finished) = self.waiting(|| -> Result<_> {
             let _serial = self.serial.lock();
-            self.until_io_idle_in_call(poll, between)?;
+            self.until_io_idle(poll, between)?;
             Ok(self.wait_locked())
         })?;
         drop(finished);
@@ -874,24 +952,32 @@ impl IoHandle {
         Ok(Pending { slot })
     }
 
+    /// Queues an op and hands its slices to the workers. Its slices wait
+    /// for those of earlier pending ops on the same file bytes.
     fn dispatch(&self, op: PreparedOp) {
         let PreparedOp { work, completion, meta } = op;
         let slices = work.slice_count();
-        let in_flight = Arc::new(InFlight {
-            work,
-            meta,
-            started: Instant::now(),
-            state: Mutex::new(SliceTally { remaining: slices, first_error: None }),
-            done: Condvar::new(),
-            completion: Mutex::new(Some(completion)),
-        });
         // Queue and hand out under one lock, so every worker sees ops in the
         // order `wait()` finishes them.
         let mut pending = self.pending.lock();
+        let after: Vec<Arc<InFlight>> = match &meta.footprint {
+            Some(mine) => pending
+                .iter()
+                .filter(|op| !op.slices_done() && op.meta.footprint.as_ref().is_some_and(|fp| fp.conflicts(mine)))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        let in_flight = Arc::new(InFlight::new(work, Some(completion), meta, after));
         pending.push_back(in_flight.clone());
+        self.send_slices(&in_flight, slices);
+    }
+
+    /// Slice `i` to worker `i % workers`.
+    fn send_slices(&self, op: &Arc<InFlight>, slices: usize) {
         for slice in 0..slices {
             let worker = &self.workers[slice % self.workers.len()];
-            let job = Job { op: in_flight.clone(), slice, ran: false };
+            let job = Job { op: op.clone(), slice, ran: false };
             if let Some(tx) = worker.jobs.as_ref() {
                 // A send to a worker that is gone drops the job, which fails
                 // its slice rather than leave the op waiting forever.
@@ -902,14 +988,7 @@ impl IoHandle {
 
     /// Waits for every pending op, finishes each, and returns how many.
     pub fn wait(&self) -> Result<usize> {
-        self.check_process()?;
-        let (result, finished) = self.waiting(|| {
-            let _serial = self.serial.lock();
-            self.caller_entered();
-            self.wait_locked()
-        });
-        drop(finished);
-        result
+        self.wait_with(Duration::MAX, &mut || Ok(()))
     }
 
     /// Runs a call that blocks for I/O, counting the time it took as time
@@ -928,8 +1007,7 @@ impl IoHandle {
     /// has let go of `serial`.
     fn wait_locked(&self) -> (Result<usize>, Vec<Box<dyn OpCompletion>>) {
         let mut completed = 0usize;
-        let mut first: Option<Error> = None;
-        let mut more = 0usize;
+        let mut errors = Errors::default();
         let mut finished = Vec::new();
         loop {
             let Some(op) = self.pending.lock().pop_front() else { break };
@@ -943,47 +1021,65 @@ impl IoHandle {
                 }
                 None => outcome,
             };
+            op.mark_finished();
             completed += 1;
             self.record(op.meta, result.is_ok(), op.started);
             if let Err(e) = result {
-                if first.is_none() {
-                    first = Some(e);
-                } else {
-                    more += 1;
-                }
+                errors.add(e);
             }
         }
-        let result = match first {
-            None => Ok(completed),
-            Some(e) if more == 0 => Err(e),
-            Some(e) => Err(Error::Many { first: Box::new(e), more }),
-        };
-        (result, finished)
+        (errors.into_result(completed), finished)
     }
 
     /// `read`/`write`: one synchronous, unsplit transfer on the calling
-    /// thread (always through the CPU path, bouncing device memory).
+    /// thread (always through the CPU path, bouncing device memory). It
+    /// takes effect after the pending ops it shares memory or file bytes with.
     pub fn transfer_inline(&self, request: OpRequest<'_>) -> Result<()> {
         self.check_process()?;
         self.waiting(|| {
+            self.settle_memory_conflicts(&request);
             let started = Instant::now();
-            let mut op = CpuOp::prepare(request, 1, self.config.transfer_knobs(), self.manager, true)?;
-            let meta = op.meta();
-            let plan = op.plan().clone();
-            let outcome = self.run_on_inline_engine(plan.as_ref(), meta.bytes);
-            let result = op.finish(outcome);
-            self.record(meta, result.is_ok(), started);
-            result
+            match CpuOp::prepare(request, 1, self.config.transfer_knobs(), self.manager, Mode::Blocking)? {
+                Prepared::Op(mut op) => {
+                    let meta = op.meta();
+                    if let Some(mine) = meta.footprint {
+                        for earlier in self.pending_matching(|fp| fp.conflicts(&mine)) {
+                            earlier.until_slices_done();
+                        }
+                    }
+                    let plan = op.plan().clone();
+                    let outcome = self.run_on_inline_engine(plan.as_ref(), meta.bytes);
+                    let result = op.finish(outcome);
+                    self.record(meta, result.is_ok(), started);
+                    result
+                }
+                Prepared::Windowed(op) => {
+                    // (Its file bytes: the windows' plans are not queued, so
+                    // wait for every pending op that writes or reads files.)
+                    for earlier in self.pending_matching(|fp| fp.file.is_some()) {
+                        earlier.until_slices_done();
+                    }
+                    let meta = windowed_meta(&op);
+                    let mut slot = self.inline_engine.lock();
+                    let engine = slot
+                        .get_or_insert_with(|| worker_engine(self.engine_kind, self.config.queue_depth, Submitter::AnyThread));
+                    let outcome = op.run(&mut InlineChunks { engine: engine.as_mut(), last: None }, &mut || Ok(()));
+                    if engine.is_broken() {
+                        *slot = None;
+                    }
+                    self.record(meta, outcome.is_ok(), started);
+                    outcome
+                }
+            }
         })
     }
 
     /// Runs every slice of `work` (an op of `bytes`) on the calling thread.
     /// An op of at most one block has one request per slice: a
     /// pread/pwrite is one syscall that sleeps until the data is there,
-    /// where an io_uring round trip adds a completion wake-up and a reap
-    /// (4 KiB reads: about 9% more round trips per second,
-    /// `examples/small_ops_bench.rs`). Larger ops use the handle's inline
-    /// engine (made in `new`, replaced once it cannot be trusted).
+    /// where an io_uring round trip adds a completion wake-up and a reap.
+    /// Larger ops use the handle's inline engine (made in `new`, replaced
+    /// once it cannot be trusted).
     fn run_on_inline_engine(&self, work: &dyn OpWork, bytes: u64) -> Result<()> {
         if bytes <= self.config.block_size as u64 {
             return run_guarded(work, &mut *self.one_request_engine.lock());
@@ -1006,13 +1102,22 @@ impl IoHandle {
         config.validate()?;
         let kind = resolve_engine(config)?;
         let started = Instant::now();
-        let mut op = CpuOp::prepare(request, 1, config.transfer_knobs(), PinnedMemoryManager::shared(), true)?;
-        let meta = op.meta();
-        let plan = op.plan().clone();
-        let outcome = with_thread_engine(kind, config.queue_depth, |engine| {
-            run_guarded(plan.as_ref(), engine)
-        });
-        let result = op.finish(outcome);
+        let manager = PinnedMemoryManager::shared();
+        let (meta, result) = match CpuOp::prepare(request, 1, config.transfer_knobs(), manager, Mode::Blocking)? {
+            Prepared::Op(mut op) => {
+                let meta = op.meta();
+                let plan = op.plan().clone();
+                let outcome = with_thread_engine(kind, config.queue_depth, |engine| run_guarded(plan.as_ref(), engine));
+                (meta, op.finish(outcome))
+            }
+            Prepared::Windowed(op) => {
+                let meta = windowed_meta(&op);
+                let outcome = with_thread_engine(kind, config.queue_depth, |engine| {
+                    op.run(&mut InlineChunks { engine, last: None }, &mut || Ok(()))
+                });
+                (meta, outcome)
+            }
+        };
         stats::process_counters().record_wait(started.elapsed());
         stats::process_counters().record(&OpRecord {
             direction: meta.direction,
@@ -1084,6 +1189,119 @@ impl IoHandle {
             }
         }
     }
+}
+
+/// What the handle runs for a request.
+enum HandleOp {
+    /// An op for the queue (or, small and blocking, the calling thread).
+    Queued(PreparedOp),
+    /// A blocking op on bounced memory, streamed through bounce windows.
+    Windowed(WindowedOp),
+}
+
+fn windowed_meta(op: &WindowedOp) -> OpMeta {
+    let bytes = op.len() as u64;
+    OpMeta { direction: Some(op.direction()), bytes, bounced_bytes: bytes, may_run_inline: false, footprint: None }
+}
+
+/// A windowed op's chunks on the handle's workers (not queued: the call
+/// that runs them holds `serial` and waits for each).
+struct WorkerChunks<'a> {
+    handle: &'a IoHandle,
+    in_flight: VecDeque<Arc<InFlight>>,
+}
+
+impl ChunkRunner for WorkerChunks<'_> {
+    fn depth(&self) -> usize {
+        knobs::BOUNCE_WINDOWS
+    }
+    fn start(&mut self, plan: Arc<crate::op::plan::OpPlan>) -> Result<()> {
+        let slices = plan.slice_count();
+        let op = Arc::new(InFlight::new(plan, None, OpMeta::default(), Vec::new()));
+        self.handle.send_slices(&op, slices);
+        self.in_flight.push_back(op);
+        Ok(())
+    }
+    fn finish_oldest(&mut self) -> Result<()> {
+        match self.in_flight.pop_front() {
+            Some(op) => op.wait_slices(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for WorkerChunks<'_> {
+    /// The windows must outlive their I/O, whatever ended the op.
+    fn drop(&mut self) {
+        for op in self.in_flight.drain(..) {
+            op.until_slices_done();
+        }
+    }
+}
+
+/// A windowed op's chunks on the calling thread's engine, one at a time.
+struct InlineChunks<'a> {
+    engine: &'a mut dyn Engine,
+    last: Option<Result<()>>,
+}
+
+impl ChunkRunner for InlineChunks<'_> {
+    fn depth(&self) -> usize {
+        1
+    }
+    fn start(&mut self, plan: Arc<crate::op::plan::OpPlan>) -> Result<()> {
+        self.last = Some(run_guarded(plan.as_ref(), self.engine));
+        Ok(())
+    }
+    fn finish_oldest(&mut self) -> Result<()> {
+        self.last.take().unwrap_or(Ok(()))
+    }
+}
+
+/// The errors of the ops one call finished: the first, and how many more.
+#[derive(Default)]
+struct Errors {
+    first: Option<Error>,
+    more: usize,
+}
+
+impl Errors {
+    fn add(&mut self, e: Error) {
+        if self.first.is_none() {
+            self.first = Some(e);
+        } else {
+            self.more += 1;
+        }
+    }
+    fn into_result(self, completed: usize) -> Result<usize> {
+        match self.first {
+            None => Ok(completed),
+            Some(e) if self.more == 0 => Err(e),
+            Some(e) => Err(Error::Many { first: Box::new(e), more: self.more }),
+        }
+    }
+}
+
+/// What a blocking windowed call returns: the earlier ops finished first,
+/// and the windowed op itself.
+fn combine(earlier: Result<usize>, this: Result<()>) -> Result<usize> {
+    let mut errors = Errors::default();
+    let completed = match earlier {
+        Ok(n) => n,
+        Err(Error::Many { first, more }) => {
+            errors.first = Some(*first);
+            errors.more = more;
+            0
+        }
+        Err(e) => {
+            errors.add(e);
+            0
+        }
+    };
+    if let Err(e) = this {
+        errors.add(e);
+    }
+    errors.into_result(completed + 1)
 }
 
 /// Runs an op's slices in order on the calling thread, stopping at the

@@ -83,6 +83,21 @@ pub const CUFILE_ENV_PATH_JSON: &str = "CUFILE_ENV_PATH_JSON";
 pub const BOUNCE_POOL_MB_ENV: &str = "DEEPNVME_BOUNCE_POOL_MB";
 /// Default of [`BOUNCE_POOL_MB_ENV`].
 pub const DEFAULT_BOUNCE_POOL_MB: usize = 1024;
+/// The most bytes of bounce memory in use at once, process-wide, in MiB.
+pub const BOUNCE_MAX_MB_ENV: &str = "DEEPNVME_BOUNCE_MAX_MB";
+/// Default of [`BOUNCE_MAX_MB_ENV`]: a quarter of the machine's memory, at
+/// most this many MiB.
+pub const DEFAULT_BOUNCE_MAX_MB_CEILING: usize = 16 << 10;
+/// Windows a blocking op on bounced memory streams through: the I/O of two
+/// runs while the caller's bytes of the third are copied.
+pub const BOUNCE_WINDOWS: usize = 3;
+/// The bounds of one window: the handle's queue (parallelism x depth x
+/// block) clamped to these, so a window keeps every ring busy.
+pub const BOUNCE_WINDOW_MIN: usize = 8 << 20;
+pub const BOUNCE_WINDOW_MAX: usize = 128 << 20;
+/// Seed of the model-based tests' op sequences (tests only; unset: a fixed
+/// seed and one random seed, printed).
+pub const MODEL_SEED_ENV: &str = "DEEPNVME_MODEL_SEED";
 
 /// `1`: print the process's I/O statistics on stderr at exit.
 pub const STATS_ENV: &str = "DEEPNVME_STATS";
@@ -169,6 +184,19 @@ pub const VARIABLES: &[EnvVar] = &[
         scope: Scope::Core,
         default: "`1024`",
         meaning: "MiB of idle bounce buffers (for unpinned, device or strided memory) kept for reuse; `0` keeps none",
+    },
+    EnvVar {
+        name: BOUNCE_MAX_MB_ENV,
+        scope: Scope::Core,
+        default: "a quarter of physical memory, at most 16384",
+        meaning: "MiB of bounce memory that ops not yet finished may hold, process-wide; an async op on unpinned \
+                  memory past it fails naming this variable (blocking ops stream through small windows instead)",
+    },
+    EnvVar {
+        name: MODEL_SEED_ENV,
+        scope: Scope::Tests,
+        default: "unset: a fixed seed and one random seed, printed",
+        meaning: "the seed of the model-based caller-memory tests' op sequences, to replay a failure",
     },
     EnvVar {
         name: FIXED_BUFFERS_ENV,
@@ -314,6 +342,8 @@ pub struct Settings {
     pub stats_at_exit: bool,
     /// [`BOUNCE_POOL_MB_ENV`] in bytes.
     pub bounce_pool_max_bytes: usize,
+    /// [`BOUNCE_MAX_MB_ENV`] in bytes.
+    pub bounce_max_bytes: usize,
     /// [`FIXED_BUFFERS_ENV`] is not `0`.
     pub fixed_buffers: bool,
     /// [`OP_STREAM_ENV`] is not `0`.
@@ -352,10 +382,22 @@ impl Settings {
                 .and_then(|v| v.trim().parse::<usize>().ok())
                 .unwrap_or(DEFAULT_BOUNCE_POOL_MB)
                 .saturating_mul(1 << 20),
+            bounce_max_bytes: non_blank(BOUNCE_MAX_MB_ENV)
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or_else(default_bounce_max_mb)
+                .saturating_mul(1 << 20),
             fixed_buffers: !matches!(std::env::var(FIXED_BUFFERS_ENV).as_deref().map(str::trim), Ok("0")),
             op_stream: !matches!(std::env::var(OP_STREAM_ENV).as_deref().map(str::trim), Ok("0")),
         }
     }
+}
+
+/// A quarter of physical memory in MiB, at most [`DEFAULT_BOUNCE_MAX_MB_CEILING`].
+fn default_bounce_max_mb() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let total_mb = (pages.max(0) as u64 * page.max(0) as u64 >> 20) as usize;
+    (total_mb / 4).clamp(256, DEFAULT_BOUNCE_MAX_MB_CEILING)
 }
 
 /// The process's settings, read from the environment on first use.

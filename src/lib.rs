@@ -63,16 +63,18 @@
 //!   conversion and error mapping only.
 //! * `python` (feature `python`): the pyo3 module `deepnvme._native`.
 
+mod bounce;
 mod buffer;
 mod config;
 mod engine;
 mod error;
 mod file;
 mod handle;
+mod interpreter;
 mod json;
 mod log;
 mod op;
-mod staging;
+mod host_copy;
 
 pub mod deepspeed;
 pub mod gds;

@@ -59,35 +59,31 @@ fn a_direct_buffer_is_held_until_wait_finishes_the_op() {
 }
 
 
-/// A front end's staging for host memory that it cannot promise stays put
-/// (the pyo3 front end's torch tensors): it neither says `memory_is_fixed`
-/// nor reports a `current_extent`. Counts the copies it is asked to make.
+/// A front end's staging for host memory that can move (a torch tensor):
+/// the core must copy it only inside `hold_still`, which records the thread
+/// it ran on.
 struct MovableHost {
-    ptr: *mut u8,
-    len: usize,
-    copies_out: Arc<std::sync::atomic::AtomicUsize>,
+    holds: Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
 }
-// SAFETY: the test keeps the memory alive and unaliased until `wait()`.
-unsafe impl Send for MovableHost {}
 impl Staging for MovableHost {
-    fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> Result<()> {
-        bounce[..self.len].copy_from_slice(unsafe { std::slice::from_raw_parts(self.ptr, self.len) });
-        Ok(())
+    fn copy_to_bounce(&mut self, _bounce: &mut [u8]) -> Result<()> {
+        panic!("contiguous host memory is copied by the core")
     }
-    fn copy_from_bounce(&mut self, bounce: &[u8]) -> Result<()> {
-        self.copies_out.fetch_add(1, Ordering::SeqCst);
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }.copy_from_slice(&bounce[..self.len]);
-        Ok(())
+    fn copy_from_bounce(&mut self, _bounce: &[u8]) -> Result<()> {
+        panic!("contiguous host memory is copied by the core")
+    }
+    fn hold_still(&self, access: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.holds.lock().unwrap().push(std::thread::current().id());
+        access()
     }
 }
 
-/// The engines copy a bounced read into the caller's memory block by block
-/// only when the staging promises that memory cannot move. Otherwise the
-/// bytes reach it once, at wait(), through the staging (the heap corruption
-/// this guards against: a tensor whose storage was swapped got the rest of
-/// its read written into freed memory).
+/// A bounced read into memory that may move reaches it once, inside the
+/// front end's `hold_still`, on the thread that waits: never from an I/O
+/// thread (the heap corruption this guards against: a tensor whose storage
+/// was swapped got the rest of its read written into freed memory).
 #[test]
-fn a_bounced_read_into_memory_that_may_move_goes_through_its_staging_at_wait() {
+fn a_bounced_read_into_memory_that_may_move_is_copied_by_the_waiting_thread_while_held() {
     let dir = TempDir::new("movable");
     let len = (4 << 20) + 4094; // unaligned, divisible by the parallelism
     let data = pattern(21, len);
@@ -96,19 +92,27 @@ fn a_bounced_read_into_memory_that_may_move_goes_through_its_staging_at_wait() {
     for engine in engines() {
         let h = handle_with(engine, 64 << 10, 8, false, true, 2);
         let mut dst = vec![0u8; len];
-        let copies_out = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let staging = MovableHost { ptr: dst.as_mut_ptr(), len, copies_out: copies_out.clone() };
+        let holds = Arc::new(std::sync::Mutex::new(Vec::new()));
         let req = OpRequest {
             direction: Direction::Read,
             target: FileTarget::Path(&path),
             file_offset: 0,
             buffer: heap_desc(&mut dst),
-            staging: Some(Box::new(staging)),
+            staging: Some(Box::new(MovableHost { holds: holds.clone() })),
             validate: false,
         };
         assert_eq!(h.submit(req, true).unwrap(), 0);
-        assert_eq!(h.wait().unwrap(), 1);
-        assert_eq!(copies_out.load(Ordering::SeqCst), 1, "{engine:?}: the read did not go through the staging");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(holds.lock().unwrap().is_empty(), "{engine:?}: copied before wait()");
+        let waiter = std::thread::spawn({
+            let h = &h as *const deepnvme::IoHandle as usize;
+            // SAFETY: the handle outlives the join below.
+            move || (std::thread::current().id(), unsafe { &*(h as *const deepnvme::IoHandle) }.wait().unwrap())
+        });
+        let (waiter_id, finished) = waiter.join().unwrap();
+        assert_eq!(finished, 1);
+        let holds = holds.lock().unwrap().clone();
+        assert!(!holds.is_empty() && holds.iter().all(|t| *t == waiter_id), "{engine:?}: copies ran on {holds:?}, not the waiting thread");
         assert_bytes_eq(&dst, &data, "buffer after the read");
     }
 }
@@ -166,7 +170,7 @@ fn submit_interrupted_at_once(h: &deepnvme::IoHandle, direction: Direction, path
     let moved = Arc::new(AtomicBool::new(false));
     let req = tracked_request(direction, path, memory, &moved);
     let mut interrupt = || Err(deepnvme::Error::Interrupted("test".into()));
-    let r = h.submit_blocking_with(req, std::time::Duration::ZERO, &mut interrupt);
+    let r = h.submit_blocking_with(req, false, std::time::Duration::ZERO, &mut interrupt);
     assert!(r.is_err(), "the {direction:?} finished before the first poll; make it longer");
 }
 
@@ -205,10 +209,10 @@ fn an_async_bounced_read_touches_movable_memory_only_inside_wait() {
     }
 }
 
-/// A blocking bounced write copies the caller's bytes in block by block
-/// while the call runs; when the call is interrupted (Ctrl-C in a front end)
-/// it first copies in everything not yet copied, so the caller may reuse
-/// its memory at once and the file still gets what was given.
+/// A blocking bounced write larger than a bounce window, interrupted (Ctrl-C
+/// in a front end) as it starts: it still writes everything it was given
+/// before the call returns the interruption, so the caller may reuse its
+/// memory at once and nothing it wrote is lost; nothing stays pending.
 #[test]
 fn an_interrupted_blocking_write_writes_what_it_was_given() {
     let dir = TempDir::new("gate-write");
@@ -222,15 +226,16 @@ fn an_interrupted_blocking_write_writes_what_it_was_given() {
         src.copy_from_slice(&data);
         submit_interrupted_at_once(&h, Direction::Write, &path, src);
         src.fill(0); // the caller reuses its memory as soon as the call returned
-        assert_eq!(h.wait().unwrap(), 1);
         assert_bytes_eq(&read_file(&path), &data, "file after an interrupted write");
+        assert_eq!(h.wait().unwrap(), 0, "{engine:?}: the write finished in its call");
     }
 }
 
-/// An interrupted blocking read stops writing into movable memory when the
-/// call returns; the next `wait()` delivers every byte.
+/// An interrupted blocking read (larger than a bounce window) stops at its
+/// next window: once the call returns, nothing more reaches the caller's
+/// memory, and nothing stays pending.
 #[test]
-fn an_interrupted_blocking_read_leaves_movable_memory_alone_until_wait() {
+fn an_interrupted_blocking_read_leaves_movable_memory_alone_after_it_returns() {
     let dir = TempDir::new("gate-read-int");
     let len = 32 << 20;
     let data = pattern(51, len);
@@ -245,7 +250,7 @@ fn an_interrupted_blocking_read_leaves_movable_memory_alone_until_wait() {
         let at_return = dst.to_vec();
         std::thread::sleep(std::time::Duration::from_millis(300));
         assert!(dst == &at_return[..], "{engine:?}: bytes reached the caller's memory after the call returned");
-        assert_eq!(h.wait().unwrap(), 1);
-        assert_bytes_eq(dst, &data, "buffer after wait()");
+        assert_eq!(h.wait().unwrap(), 0, "{engine:?}: the interrupted read left nothing pending");
+        assert!(dst == &at_return[..], "{engine:?}: wait() wrote into the caller's memory");
     }
 }

@@ -15,6 +15,8 @@
 //! `DEEPNVME_ENGINE=uring|psync` forces it.
 
 pub(crate) mod fixed;
+#[cfg(test)]
+pub(crate) mod fault;
 pub mod psync;
 pub mod uring;
 
@@ -23,7 +25,6 @@ use std::sync::{Arc, OnceLock};
 
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::knobs::{self, EngineChoice};
-use crate::staging::BounceCopy;
 
 /// One contiguous range to move. The memory must stay valid, and must not be
 /// touched by anyone else, until the engine's `run` returns.
@@ -202,17 +203,16 @@ pub trait Engine: Send {
     /// Moves every segment; returns only when nothing is in flight.
     #[cfg_attr(not(test), allow(dead_code))] // the core runs `run_with`; the engine tests `run`
     fn run(&mut self, direction: Direction, segments: &[Segment], knobs: &Knobs) -> std::result::Result<(), TransferError> {
-        self.run_with(direction, segments, knobs, None, None)
+        self.run_with(direction, segments, knobs, None)
     }
-    /// As `run`, with a bounced read's copy-out done piece by piece:
-    /// `copy.after_complete` as soon as each piece has completed; `memory`:
-    /// the registrable memory every segment lies in, if any (see `fixed.rs`).
+    /// As `run`; `memory`: the registrable memory every segment lies in,
+    /// if any (see `fixed.rs`). Engines touch only the segments' memory:
+    /// copies to and from the caller's memory are the op's (`op/mod.rs`).
     fn run_with(
         &mut self,
         direction: Direction,
         segments: &[Segment],
         knobs: &Knobs,
-        copy: Option<&BounceCopy>,
         memory: Option<&Arc<fixed::RegistrableMemory>>,
     ) -> std::result::Result<(), TransferError>;
     /// Runs what `source` gives, one run after another: each run's outcome
@@ -222,7 +222,7 @@ pub trait Engine: Send {
     fn run_stream(&mut self, source: &mut dyn StreamSource) {
         let mut n = 0;
         while let Some(run) = source.next_run() {
-            let outcome = self.run_with(run.direction, &run.segments, &run.knobs, None, run.memory.as_ref());
+            let outcome = self.run_with(run.direction, &run.segments, &run.knobs, run.memory.as_ref());
             source.run_done(n, outcome);
             n += 1;
         }

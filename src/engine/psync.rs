@@ -17,7 +17,6 @@ use parking_lot::{Condvar, Mutex};
 
 use super::{move_piece_blocking, pieces, Engine, EngineKind, Knobs, Piece, Segment};
 use crate::error::{Direction, TransferError};
-use crate::staging::BounceCopy;
 
 /// More threads than this per worker buys nothing on NVMe.
 pub const MAX_THREADS: usize = 16;
@@ -25,7 +24,6 @@ pub const MAX_THREADS: usize = 16;
 /// One run's pieces, shared by the threads that move them.
 struct RunState {
     direction: Direction,
-    copy: Option<BounceCopy>,
     pieces: Vec<Piece>,
     next: AtomicUsize,
     failed: AtomicBool,
@@ -42,11 +40,13 @@ impl RunState {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             let Some(piece) = self.pieces.get(i) else { return };
             let mut piece = *piece;
-            if let Err(e) = move_piece(self.direction, &mut piece, self.copy.as_ref()) {
+            if let Err(e) = move_piece_blocking(self.direction, &mut piece) {
                 self.failed.store(true, Ordering::Relaxed);
                 self.first_error.lock().get_or_insert(e);
                 return;
             }
+            #[cfg(test)]
+            super::fault::after_completion();
         }
     }
 
@@ -57,19 +57,6 @@ impl RunState {
             self.helpers_done.notify_all();
         }
     }
-}
-
-/// Moves one piece, with the bounce path's copy-in of a gated write before
-/// and copy-out of a read after.
-fn move_piece(direction: Direction, piece: &mut Piece, copy: Option<&BounceCopy>) -> Result<(), TransferError> {
-    if let Some(copy) = copy {
-        copy.before_submit(piece);
-    }
-    move_piece_blocking(direction, piece)?;
-    if let Some(copy) = copy {
-        copy.after_complete(piece);
-    }
-    Ok(())
 }
 
 /// Helper threads that take runs from a shared queue.
@@ -161,21 +148,19 @@ impl Engine for PsyncEngine {
         direction: Direction,
         segments: &[Segment],
         knobs: &Knobs,
-        copy: Option<&BounceCopy>,
         _memory: Option<&std::sync::Arc<super::fixed::RegistrableMemory>>,
     ) -> Result<(), TransferError> {
         let all: Vec<Piece> = pieces(segments, knobs.block_size).collect();
         let threads = self.max_threads.min(knobs.queue_depth.max(1)).min(all.len());
         if threads <= 1 {
             for mut p in all {
-                move_piece(direction, &mut p, copy)?;
+                move_piece_blocking(direction, &mut p)?;
             }
             return Ok(());
         }
         let pool = self.pool.get_or_insert_with(|| Pool::start(self.max_threads - 1));
         let state = Arc::new(RunState {
             direction,
-            copy: copy.cloned(),
             pieces: all,
             next: AtomicUsize::new(0),
             failed: AtomicBool::new(false),

@@ -25,7 +25,6 @@ use parking_lot::Mutex;
 use super::fixed::{FixedTable, RegistrableMemory};
 use super::{pieces, Engine, EngineKind, Knobs, Piece, PieceCursor, Segment, StreamSource, Submitter};
 use crate::error::{Direction, Error, Result, TransferError};
-use crate::staging::BounceCopy;
 
 pub struct UringEngine {
     ring: IoUring,
@@ -212,7 +211,6 @@ impl Engine for UringEngine {
         direction: Direction,
         segments: &[Segment],
         knobs: &Knobs,
-        copy: Option<&BounceCopy>,
         memory: Option<&Arc<RegistrableMemory>>,
     ) -> std::result::Result<(), TransferError> {
         let first_fd = segments.first().map(|s| s.fd).unwrap_or(-1);
@@ -243,9 +241,6 @@ impl Engine for UringEngine {
         let mut in_flight = 0usize;
         let mut first_error: Option<TransferError> = None;
         let mut completions = std::mem::take(&mut self.reaped);
-        // Completed read pieces whose bytes go to the caller once the ring is
-        // topped up again, so the device works while they are copied.
-        let mut to_copy_out: Vec<Piece> = Vec::new();
 
         loop {
             // Fill: in batch mode only when the previous batch is fully done.
@@ -253,29 +248,15 @@ impl Engine for UringEngine {
             if may_fill {
                 while in_flight < depth {
                     let Some(piece) = todo.next() else { break };
-                    // A bounced write's bytes reach the bounce buffer block by
-                    // block; each block goes to the kernel as soon as it is
-                    // there, so the copy of the next overlaps its I/O.
-                    let copied_in = copy.is_some_and(|c| c.before_submit(&piece));
                     let slot = self.free_slots.pop().expect("free slot accounting");
                     self.slots[slot] = Some(piece);
                     self.push(direction, slot, memory, table.as_deref_mut());
                     in_flight += 1;
-                    if knobs.single_submit || copied_in {
+                    if knobs.single_submit {
                         if let Err(errno) = self.submit_wait(0) {
                             return Err(self.abandon(in_flight, ring_error(errno)));
                         }
                     }
-                }
-            }
-            if let Some(copy) = copy.filter(|_| !to_copy_out.is_empty()) {
-                if in_flight > 0 {
-                    if let Err(errno) = self.submit_wait(0) {
-                        return Err(self.abandon(in_flight, ring_error(errno)));
-                    }
-                }
-                for piece in to_copy_out.drain(..) {
-                    copy.after_complete(&piece);
                 }
             }
             if in_flight == 0 {
@@ -305,15 +286,11 @@ impl Engine for UringEngine {
                     settled => {
                         self.free_slots.push(slot);
                         in_flight -= 1;
-                        match settled {
-                            Settled::Done if copy.is_some() && direction == Direction::Read => {
-                                to_copy_out.push(piece);
-                            }
-                            Settled::Failed(e) => {
-                                first_error.get_or_insert(e);
-                            }
-                            _ => {}
+                        if let Settled::Failed(e) = settled {
+                            first_error.get_or_insert(e);
                         }
+                        #[cfg(test)]
+                        crate::engine::fault::after_completion();
                     }
                 }
             }

@@ -215,8 +215,7 @@ fn an_async_submit_does_not_wait_behind_a_blocking_call() {
     assert_bytes_eq(&read_file(&path), &data, "async write");
 }
 /// A read slice whose engine run panics while other pieces are in the
-/// kernel: its copy-out hook is given a bounce base past the I/O memory, so
-/// the address arithmetic of the first completed piece panics (debug build).
+/// kernel (an injected fault after its third completion).
 struct PanicMidRun {
     fd: i32,
     mem: usize,
@@ -230,13 +229,9 @@ impl OpWork for PanicMidRun {
     fn run_slice(&self, _index: usize, engine: &mut dyn Engine) -> Result<()> {
         let seg = crate::engine::Segment { fd: self.fd, file_offset: 0, addr: self.mem as *mut u8, len: self.len };
         let knobs = crate::engine::Knobs { block_size: 1 << 20, queue_depth: 32, single_submit: false, overlap_events: true };
-        let bad = crate::staging::BounceCopy::Fixed(crate::staging::CopyRange {
-            direction: crate::Direction::Read,
-            bounce: self.mem + self.len + 1,
-            caller: self.mem,
-            len: self.len,
-        });
-        engine.run_with(crate::Direction::Read, &[seg], &knobs, Some(&bad), None).map_err(Error::from)
+        // The third completion panics, with the rest of the run in flight.
+        crate::engine::fault::panic_after_completions(2);
+        engine.run_with(crate::Direction::Read, &[seg], &knobs, None).map_err(Error::from)
     }
     fn slice_error(&self, index: usize, detail: String) -> Error {
         Error::Engine(format!("slice {index}: {detail}"))
@@ -246,7 +241,6 @@ impl OpWork for PanicMidRun {
 /// After a panic inside an engine run, `wait()` returns only once the
 /// kernel has stopped writing into the op's memory: memory the caller
 /// reuses right after `wait()` is never overwritten by the abandoned reads.
-#[cfg(debug_assertions)]
 #[test]
 fn a_panic_mid_run_waits_for_the_kernel_before_the_op_fails() {
     let dir = TempDir::new("panic-mid-run");

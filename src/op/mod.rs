@@ -1,7 +1,10 @@
 //! One transfer (`cpu_op_desc_t` without torch), in one file per concept:
 //!
 //! * this file: the request ([`OpRequest`]), the bounce decision, and the
-//!   op's lifecycle ([`CpuOp`]: prepare, run as slices, finish);
+//!   op's lifecycle ([`CpuOp`]: prepare, run as slices, settle, finish);
+//! * [`caller`]: the caller's memory and the one ownership rule for it;
+//! * [`window`]: blocking ops on bounced memory, streamed through a few
+//!   bounded windows;
 //! * [`plan`]: slice geometry (per-worker slices, the O_DIRECT edge split);
 //! * [`checks`]: offset/extent/divisibility checks and `validate=True`;
 //! * [`work`]: the shape the handle runs (work in slices, a completion).
@@ -9,27 +12,33 @@
 //! **Bounce decision.** I/O goes straight to the caller's memory only when it
 //! is host memory, contiguous, and page-locked (declared pinned by the
 //! caller, e.g. torch-pinned, or managed by the [`PinnedMemoryManager`]).
-//! Anything else moves through a page-aligned bounce buffer: a write copies
-//! into it when the op is prepared, a read copies out of it when the op
-//! finishes. The copies go through [`Staging`], which the torch shims
-//! implement for CPU, CUDA and strided tensors (the C++ read a
-//! non-contiguous pinned destination into a temporary it never copied back).
+//! Anything else moves through a page-aligned bounce buffer
+//! (`crate::bounce`): an async write copies the caller's bytes in when it is
+//! submitted (the caller may reuse its buffer as soon as the call returns,
+//! as with DeepSpeed), an async read copies them out when it is settled or
+//! finished, on the thread that waits; a blocking op streams through
+//! windows ([`window`]). Every such copy follows the rule in [`caller`].
 
+pub(crate) mod caller;
 pub(crate) mod checks;
 pub(crate) mod plan;
+pub(crate) mod window;
 pub(crate) mod work;
 
 use std::sync::Arc;
 
-use crate::buffer::{BufferDesc, MemcpyStaging, Staging};
+use crate::bounce::{BounceBuffer, Purpose};
+use crate::buffer::{BufferDesc, FixedMemory, Staging};
 use crate::engine::Knobs;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{FileTarget, OpenFile};
+use crate::host_copy::parallel_copy;
 use crate::pinned::{page_size, PinnedMemoryManager, RegionHold};
-use crate::staging::{BounceCopy, CallerGate, CopyRange, StagingBuffer};
+use caller::{bytes, bytes_mut, CallerMemory};
 use checks::{check_file_offset, check_read_extent, report_validation};
 use plan::{OpPlan, BUFFERED_FD_PLACEHOLDER};
-use work::{OpCompletion, OpMeta, PreparedOp};
+use window::WindowedOp;
+use work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
 
 /// A request to move one buffer.
 pub struct OpRequest<'a> {
@@ -52,6 +61,35 @@ impl<'a> OpRequest<'a> {
     }
 }
 
+/// Whether the caller waits in the call until the op is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Submitted now, finished by a later `wait()`.
+    Async,
+    /// Done before the call returns: bounced memory may stream through
+    /// windows (see [`window`]).
+    Blocking,
+}
+
+/// What [`CpuOp::prepare`] makes of a request.
+pub(crate) enum Prepared {
+    /// An op for the handle's queue (or the calling thread).
+    Op(CpuOp),
+    /// A blocking op on bounced host memory, larger than one window.
+    Windowed(WindowedOp),
+}
+
+#[cfg(test)]
+impl Prepared {
+    /// The queued op (tests prepare ops that are never windowed).
+    pub fn into_op(self) -> CpuOp {
+        match self {
+            Prepared::Op(op) => op,
+            Prepared::Windowed(_) => panic!("a windowed op"),
+        }
+    }
+}
+
 /// Where the I/O memory of an op is.
 enum IoMemory {
     /// The caller's buffer itself. `_keep_alive` is the caller's handle on it
@@ -62,34 +100,12 @@ enum IoMemory {
     /// (when it does): freeing that region before the op finishes defers
     /// its unmap until the hold is dropped, with the op.
     Direct { _keep_alive: Option<Box<dyn Staging>>, _region: Option<RegionHold> },
-    /// A bounce buffer (from the reuse pool) and the way back to the
-    /// caller's buffer. The I/O bytes start `skew` bytes in, so that memory
-    /// and file offsets share their alignment and O_DIRECT can still be used
-    /// for an unaligned offset. A write copies the whole buffer in when it
-    /// is submitted (DeepSpeed's semantics: the caller may reuse its tensor
-    /// as soon as an async write returns), or block by block behind a
-    /// [`CallerGate`] when the caller blocks in the call; a read copies out
-    /// as `copy_out` says.
-    Bounce { buffer: StagingBuffer, skew: usize, staging: Box<dyn Staging>, copy_out: CopyOut },
-}
-
-/// How a bounced read reaches the caller's memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum CopyOut {
-    /// Contiguous host memory that cannot move (`Staging::memory_is_fixed`): the
-    /// engines copy each block out as soon as it completes, overlapping the
-    /// device's work on the next blocks (the plan's `bounce_copy`).
-    Piecewise,
-    /// Contiguous host memory a front end may move (a torch tensor can have
-    /// its storage swapped or resized while the op is in flight): the
-    /// engines copy each block out as it completes while the caller is in a
-    /// call on the op (a blocking read, or `wait()` once the buffer is known
-    /// not to have moved), behind the op's [`CallerGate`].
-    Gated,
-    /// Device or strided memory, or host memory whose front end can neither
-    /// promise it stays put nor say where it is: the front end's `Staging`
-    /// copies it, at wait().
-    Staging,
+    /// A bounce buffer and the way back to the caller's buffer. The I/O
+    /// bytes start `skew` bytes in, so that memory and file offsets share
+    /// their alignment and O_DIRECT can still be used for an unaligned
+    /// offset. `host`: the caller's memory is contiguous host memory, copied
+    /// by the core (else through `staging`'s own copies).
+    Bounce { buffer: BounceBuffer, skew: usize, staging: Box<dyn Staging>, host: Option<CallerMemory> },
 }
 
 /// One prepared transfer. Owns its descriptors and bounce buffer; dropping
@@ -104,9 +120,11 @@ pub(crate) struct CpuOp {
     validate: bool,
     /// The caller's buffer as the op was given it (address, bytes).
     given: (usize, usize),
-    /// When the engines copy to or from movable caller memory: the gate
-    /// that lets them only while the caller is in a call on the op.
-    gate: Option<Arc<CallerGate>>,
+    footprint: OpFootprint,
+    /// A bounced read's copy to the caller was made (by `settle`), and
+    /// failed with this, if it did (reported by `finish`).
+    copied_out: bool,
+    copy_error: Option<Error>,
 }
 
 // SAFETY: `io_ptr` points at memory this op keeps alive (its bounce buffer,
@@ -121,23 +139,25 @@ pub(crate) fn is_direct_capable(buffer: &BufferDesc, manager: &PinnedMemoryManag
         && (buffer.is_declared_pinned() || manager.is_managed(buffer.ptr(), buffer.len()))
 }
 
+/// Names an op in messages: "read of N bytes at offset O of PATH".
+pub(crate) fn describe_op(direction: Direction, len: usize, file_offset: u64, file: &OpenFile) -> String {
+    format!("{} of {len} bytes at offset {file_offset} of {}", direction.verb(), file.display_path().display())
+}
+
 impl CpuOp {
-    /// Opens the file, decides direct or bounce (filling the bounce buffer
-    /// for a write), checks a read against the file's size, and plans slices
-    /// (one planning pass; the buffered descriptor is opened only when the
-    /// plan has buffered segments).
-    ///
-    /// `blocking`: the caller's thread stays in the call until the op
-    /// finishes (or the call is interrupted, which closes the op's gate), so
-    /// the engines may copy a bounced op's bytes block by block, overlapping
-    /// the copies with the I/O.
+    /// Opens the file, decides direct or bounce (copying an async write's
+    /// bytes into its bounce buffer), checks a read against the file's
+    /// size, and plans slices (one planning pass; the buffered descriptor is
+    /// opened only when the plan has buffered segments). A blocking op on
+    /// bounced host memory larger than `window` comes back as a
+    /// [`WindowedOp`].
     pub fn prepare(
         request: OpRequest<'_>,
         parallelism: usize,
         knobs: Knobs,
         manager: &PinnedMemoryManager,
-        blocking: bool,
-    ) -> Result<CpuOp> {
+        mode: Mode,
+    ) -> Result<Prepared> {
         let OpRequest { direction, target, file_offset, buffer, staging, validate } = request;
         let file_offset = check_file_offset(file_offset, &target)?;
         let len = buffer.len();
@@ -146,20 +166,24 @@ impl CpuOp {
         if direction == Direction::Read {
             check_read_extent(&file, file_offset, len)?;
         }
+        let given = (buffer.ptr() as usize, len);
+        let what = || describe_op(direction, len, file_offset, &file);
+        let mut footprint = OpFootprint::of_memory(given.0, len, direction == Direction::Read);
+        footprint.file = order_identity(&file).map(|id| (id, file_offset, file_offset + len as u64));
 
         // Taking the hold and deciding "managed" is one lookup, so a region
         // freed concurrently is either held (and stays mapped) or not used
         // directly at all.
-        let region = if buffer.is_host() && buffer.is_contiguous() { manager.hold(buffer.ptr(), buffer.len()) } else { None };
-        let direct = buffer.is_host() && buffer.is_contiguous() && (buffer.is_declared_pinned() || region.is_some());
-        let mut gate = None;
+        let host = buffer.is_host() && buffer.is_contiguous();
+        let region = if host { manager.hold(buffer.ptr(), buffer.len()) } else { None };
+        let direct = host && (buffer.is_declared_pinned() || region.is_some());
         let mut registrable = region.as_ref().filter(|_| direct).map(|hold| hold.registrable().clone());
         let memory = if direct {
             IoMemory::Direct { _keep_alive: staging, _region: region }
         } else {
             let mut staging: Box<dyn Staging> = match staging {
                 Some(s) => s,
-                None => match MemcpyStaging::new(buffer) {
+                None => match FixedMemory::new(buffer) {
                     Some(s) => Box::new(s),
                     None => {
                         return Err(Error::InvalidArgument(
@@ -168,89 +192,39 @@ impl CpuOp {
                     }
                 },
             };
+            let skew = (file_offset % page_size() as u64) as usize;
+            let caller = host.then_some(CallerMemory { addr: given.0, len });
+            let window = window::window_bytes(parallelism, &knobs);
+            if mode == Mode::Blocking && len > window {
+                if let Some(caller) = caller {
+                    let op = WindowedOp::new(direction, file, file_offset, caller, staging, skew, validate);
+                    return Ok(Prepared::Windowed(op.with_geometry(parallelism, knobs, window)));
+                }
+            }
             // Unlocked: O_DIRECT needs alignment, not locking, and locked
             // bounce buffers would eat into RLIMIT_MEMLOCK. Pooled and
             // pre-faulted: no allocation or page faults per op.
-            let skew = (file_offset % page_size() as u64) as usize;
-            let mut bounce = StagingBuffer::take(skew + len)?;
+            let purpose = if mode == Mode::Async { Purpose::AsyncOp } else { Purpose::Window };
+            let mut bounce = BounceBuffer::take(skew + len, purpose, &what)?;
             registrable = bounce.registrable().cloned();
-            let host = buffer.is_host() && buffer.is_contiguous();
-            let range = CopyRange {
-                direction,
-                bounce: bounce.as_ptr() as usize + skew,
-                caller: buffer.ptr() as usize,
-                len,
-            };
-            if direction == Direction::Write && host && blocking {
-                // Copied in block by block by the engines (see `CallerGate`).
-                gate = Some(Arc::new(CallerGate::new(range, true)));
-            } else if direction == Direction::Write {
+            if direction == Direction::Write {
                 let dst = &mut bounce.slice_mut(skew + len)[skew..];
-                if host {
-                    // SAFETY: BufferDesc's contract: `len` valid bytes at ptr.
-                    let src = unsafe { std::slice::from_raw_parts(buffer.ptr() as *const u8, len) };
-                    crate::staging::parallel_copy(dst, src);
-                } else {
-                    staging.copy_to_bounce(dst)?;
+                match &caller {
+                    Some(caller) => caller.with_bytes(staging.as_ref(), 0, len, &what, |src| {
+                        // SAFETY: the caller's `len` bytes, held still (see caller.rs).
+                        parallel_copy(dst, unsafe { bytes(src, len) })
+                    })?,
+                    None => staging.copy_to_bounce(dst)?,
                 }
             }
-            // Writing into the caller's memory before wait() is only sound
-            // when it cannot move; a movable buffer is written once, at
-            // wait(), after it is known not to have moved; anything else
-            // goes through the front end's own copy.
-            let copy_out = if !host {
-                CopyOut::Staging
-            } else if staging.memory_is_fixed() {
-                CopyOut::Piecewise
-            } else if staging.reports_extent() {
-                CopyOut::Gated
-            } else {
-                CopyOut::Staging
-            };
-            if direction == Direction::Read && copy_out == CopyOut::Gated {
-                gate = Some(Arc::new(CallerGate::new(range, blocking)));
-            }
-            IoMemory::Bounce { buffer: bounce, skew, staging, copy_out }
+            IoMemory::Bounce { buffer: bounce, skew, staging, host: caller }
         };
-        let (io_ptr, bounce_copy) = match &memory {
-            IoMemory::Direct { .. } => (buffer.ptr(), None),
-            IoMemory::Bounce { buffer: bounce, skew, copy_out, .. } => {
-                let io_ptr = bounce.as_ptr().wrapping_add(*skew);
-                let copy = match &gate {
-                    Some(gate) => Some(BounceCopy::Gated(gate.clone())),
-                    None if direction == Direction::Read && *copy_out == CopyOut::Piecewise => {
-                        let caller = buffer.ptr() as usize;
-                        Some(BounceCopy::Fixed(CopyRange { direction, bounce: io_ptr as usize, caller, len }))
-                    }
-                    None => None,
-                };
-                (io_ptr, copy)
-            }
+        let io_ptr = match &memory {
+            IoMemory::Direct { .. } => buffer.ptr(),
+            IoMemory::Bounce { buffer: bounce, skew, .. } => bounce.as_ptr().wrapping_add(*skew),
         };
-
-        let direct = file.direct();
-        let mut slices = plan::plan_slices(file_offset, io_ptr, len, parallelism, direct, BUFFERED_FD_PLACEHOLDER);
-        if plan::needs_buffered(&slices) {
-            let fd = file.buffered_fd()?;
-            plan::patch_buffered_fd(&mut slices, fd);
-        }
-        let direct_knobs = match direct {
-            Some((_, a)) => Knobs { block_size: (knobs.block_size / a.offset).max(1) * a.offset, ..knobs },
-            None => knobs,
-        };
-        let plan = Arc::new(OpPlan {
-            direction,
-            path: file.path().map(|p| p.to_path_buf()),
-            caller_fd: file.caller_fd(),
-            slices,
-            knobs,
-            direct_knobs,
-            bounce_copy,
-            registrable,
-            file_identity: file.identity(),
-        });
-        let given = (buffer.ptr() as usize, len);
-        Ok(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate, given, gate })
+        let plan = plan_op(direction, &mut file, file_offset, io_ptr, len, parallelism, knobs, registrable)?;
+        Ok(Prepared::Op(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate, given, footprint, copied_out: false, copy_error: None }))
     }
 
     pub fn plan(&self) -> &Arc<OpPlan> {
@@ -262,7 +236,7 @@ impl CpuOp {
         matches!(self.memory, IoMemory::Direct { .. })
     }
 
-    /// What this op moves, for the statistics.
+    /// What this op moves, for the statistics and the handle's ordering.
     pub fn meta(&self) -> OpMeta {
         let bytes = self.len as u64;
         OpMeta {
@@ -270,6 +244,7 @@ impl CpuOp {
             bytes,
             bounced_bytes: if self.is_direct() { 0 } else { bytes },
             may_run_inline: true,
+            footprint: Some(self.footprint),
         }
     }
 
@@ -281,41 +256,59 @@ impl CpuOp {
         }
     }
 
-    /// A torch tensor whose storage was swapped while the op was in flight
-    /// (`set_`, `resize_`, `.data =`): the op moved the memory it was given,
-    /// which the front end kept alive. A read fails (its bytes did not reach
-    /// the tensor the caller now has, and a bounced read is never copied into
-    /// memory of another size); a write wrote what it was given, and says so
-    /// once on stderr.
-    fn check_buffer_not_swapped(&self) -> Result<()> {
-        let Some((now_ptr, now_len)) = self.staging().and_then(|s| s.current_extent()) else { return Ok(()) };
-        if (now_ptr, now_len) == self.given {
-            return Ok(());
-        }
-        let verb = self.plan.direction.verb();
-        let target = self.file.display_path();
+    fn what(&self) -> String {
+        describe_op(self.plan.direction, self.len, self.file_offset, &self.file)
+    }
+
+    /// A direct op on a torch tensor whose storage was swapped while the op
+    /// was in flight (`set_`, `resize_`, `.data =`): the op moved the memory
+    /// it was given, which the front end kept alive. A read fails (its bytes
+    /// did not reach the tensor the caller now has); a write wrote what it
+    /// was given, and says so once on stderr.
+    fn check_direct_buffer_not_swapped(&self) -> Result<()> {
+        let Some(staging) = self.staging() else { return Ok(()) };
+        let mut now = None;
+        staging.hold_still(&mut || {
+            now = staging.current_extent();
+            Ok(())
+        })?;
+        let Some(now) = now.filter(|now| *now != self.given) else { return Ok(()) };
         if self.plan.direction == Direction::Write {
             crate::log::info_once(
                 "write-storage-swapped",
                 &format!(
                     "a tensor's storage was replaced while its write to {} was in flight; the write used the \
                      memory it was given, which was kept alive until the op finished",
-                    target.display()
+                    self.file.display_path().display()
                 ),
             );
             return Ok(());
         }
-        Err(Error::Copy(format!(
-            "the tensor of this {verb} of {} bytes at offset {} of {} had its storage replaced while the op was \
-             in flight (set_, resize_ or .data =): it was {} bytes at {:#x}, it is now {now_len} bytes at \
-             {now_ptr:#x}. The op used the memory it was given, kept alive until now{}",
-            self.len,
-            self.file_offset,
-            target.display(),
-            self.given.1,
-            self.given.0,
-            "; the bytes read did not reach the tensor"
-        )))
+        Err(caller::moved_error(self.what(), self.given, now))
+    }
+
+    /// A bounced read's bytes to the caller (once: a second call returns
+    /// what the first one kept).
+    fn copy_out(&mut self) -> Result<()> {
+        if self.copied_out {
+            return self.copy_error.take().map_or(Ok(()), Err);
+        }
+        let what = self.what();
+        let result = match &mut self.memory {
+            IoMemory::Bounce { buffer, skew, staging, host } if self.plan.direction == Direction::Read => {
+                let src = &buffer.slice(*skew + self.len)[*skew..];
+                match host {
+                    Some(caller) => caller.with_bytes(staging.as_ref(), 0, self.len, &|| what.clone(), |dst| {
+                        // SAFETY: the caller's `len` bytes, held still (see caller.rs).
+                        parallel_copy(unsafe { bytes_mut(dst, src.len()) }, src)
+                    }),
+                    None => staging.copy_from_bounce(src),
+                }
+            }
+            _ => Ok(()),
+        };
+        self.copied_out = true;
+        result
     }
 
     fn close_error(&self, errno: i32) -> Error {
@@ -331,6 +324,63 @@ impl CpuOp {
     }
 }
 
+/// Plans an op's slices over `io_ptr` (opening the buffered descriptor
+/// when some bytes cannot go direct).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plan_op(
+    direction: Direction,
+    file: &mut OpenFile,
+    file_offset: u64,
+    io_ptr: *mut u8,
+    len: usize,
+    parallelism: usize,
+    knobs: Knobs,
+    registrable: Option<Arc<crate::engine::fixed::RegistrableMemory>>,
+) -> Result<Arc<OpPlan>> {
+    let direct = file.direct();
+    let mut slices = plan::plan_slices(file_offset, io_ptr, len, parallelism, direct, BUFFERED_FD_PLACEHOLDER);
+    if plan::needs_buffered(&slices) {
+        let fd = file.buffered_fd()?;
+        plan::patch_buffered_fd(&mut slices, fd);
+    }
+    let direct_knobs = match direct {
+        Some((_, a)) => Knobs { block_size: (knobs.block_size / a.offset).max(1) * a.offset, ..knobs },
+        None => knobs,
+    };
+    Ok(Arc::new(OpPlan {
+        direction,
+        path: file.path().map(|p| p.to_path_buf()),
+        caller_fd: file.caller_fd(),
+        slices,
+        knobs,
+        direct_knobs,
+        registrable,
+        file_identity: file.identity(),
+    }))
+}
+
+/// The file's identity for ordering ops: as the op's `statx` gave it, else
+/// from `fstat` (a file without O_DIRECT). A block device is named by the
+/// device it is.
+fn order_identity(file: &OpenFile) -> Option<crate::file::FileIdentity> {
+    if let Some(id) = file.identity() {
+        return Some(id);
+    }
+    // SAFETY: fstat fills a zeroed struct for a descriptor the op holds.
+    let st = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(file.any_fd(), &mut st) == 0).then_some(st)
+    }?;
+    let block_device = st.st_mode & libc::S_IFMT == libc::S_IFBLK;
+    let dev = if block_device { st.st_rdev } else { st.st_dev };
+    Some(crate::file::FileIdentity {
+        dev_major: libc::major(dev),
+        dev_minor: libc::minor(dev),
+        ino: if block_device { 0 } else { st.st_ino },
+        block_device,
+    })
+}
+
 impl From<CpuOp> for PreparedOp {
     fn from(op: CpuOp) -> Self {
         let meta = op.meta();
@@ -339,19 +389,9 @@ impl From<CpuOp> for PreparedOp {
 }
 
 impl OpCompletion for CpuOp {
-    fn caller_entered(&self) {
-        // A read is let in only if its buffer is still where it was given
-        // (else `finish` reports the swap and copies nothing).
-        if let Some(gate) = &self.gate {
-            if self.plan.direction == Direction::Read && self.check_buffer_not_swapped().is_ok() {
-                gate.open();
-            }
-        }
-    }
-
-    fn caller_left(&self) {
-        if let Some(gate) = &self.gate {
-            gate.close();
+    fn settle(&mut self, slices_ok: bool) {
+        if slices_ok && self.plan.direction == Direction::Read && !self.copied_out {
+            self.copy_error = self.copy_out().err();
         }
     }
 
@@ -360,31 +400,21 @@ impl OpCompletion for CpuOp {
     /// Dropping `self` then closes the op's descriptors and frees the bounce.
     fn finish(&mut self, outcome: Result<()>) -> Result<()> {
         outcome?;
-        self.check_buffer_not_swapped()?;
+        if self.is_direct() {
+            self.check_direct_buffer_not_swapped()?;
+        }
         if self.validate {
             // Before the op's descriptors close: an op on a caller's fd
             // re-reads through its own description, never through the
             // caller's number (which may name another file by now).
             // SAFETY: io_ptr covers len bytes that no one is writing now.
-            let ours = unsafe { std::slice::from_raw_parts(self.io_ptr as *const u8, self.len) };
+            let ours = unsafe { bytes(self.io_ptr, self.len) };
             report_validation(self.plan.direction, &self.file, self.file_offset, ours);
         }
         if self.plan.direction == Direction::Write {
             // A deferred write error (NFS, FUSE) only shows at close().
             self.file.close_owned().map_err(|errno| self.close_error(errno))?;
         }
-        if self.plan.direction == Direction::Read {
-            if let IoMemory::Bounce { buffer, skew, staging, copy_out } = &mut self.memory {
-                let bytes = &buffer.slice(*skew + self.len)[*skew..];
-                match copy_out {
-                    CopyOut::Piecewise => {}
-                    // The buffer has not moved (checked above): what completed
-                    // while the caller was out of the call is copied now.
-                    CopyOut::Gated => self.gate.as_ref().expect("a gated read has a gate").open(),
-                    CopyOut::Staging => staging.copy_from_bounce(bytes)?,
-                }
-            }
-        }
-        Ok(())
+        self.copy_out()
     }
 }

@@ -24,7 +24,6 @@ use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{DioAlignment, FileIdentity};
 use crate::op::work::{Footprint, OpWork};
 use crate::pinned::page_size;
-use crate::staging::BounceCopy;
 
 /// Stands for the buffered descriptor until the op opens it: planning runs
 /// once, before the op knows whether it needs that descriptor.
@@ -57,9 +56,6 @@ pub(crate) struct OpPlan {
     pub knobs: Knobs,
     /// `knobs` with the block size rounded to the O_DIRECT alignment.
     pub direct_knobs: Knobs,
-    /// A bounced op on contiguous host memory: the engines copy each block
-    /// between the caller's memory and the bounce buffer next to its I/O.
-    pub bounce_copy: Option<BounceCopy>,
     /// The registrable memory the I/O goes to or from (a managed region or
     /// the bounce buffer): rings name it as a fixed buffer.
     pub registrable: Option<Arc<RegistrableMemory>>,
@@ -85,12 +81,12 @@ impl OpPlan {
     pub fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> std::result::Result<(), TransferError> {
         let Some(slice) = self.slices.get(index) else { return Ok(()) };
         let attach = |e: TransferError| self.name_target(e);
-        let (copy, memory) = (self.bounce_copy.as_ref(), self.registrable.as_ref());
+        let memory = self.registrable.as_ref();
         if !slice.buffered.is_empty() {
-            engine.run_with(self.direction, &slice.buffered, &self.knobs, copy, memory).map_err(attach)?;
+            engine.run_with(self.direction, &slice.buffered, &self.knobs, memory).map_err(attach)?;
         }
         if !slice.direct.is_empty() {
-            engine.run_with(self.direction, &slice.direct, &self.direct_knobs, copy, memory).map_err(attach)?;
+            engine.run_with(self.direction, &slice.direct, &self.direct_knobs, memory).map_err(attach)?;
         }
         Ok(())
     }
@@ -104,12 +100,11 @@ impl OpWork for OpPlan {
         OpPlan::run_slice(self, index, engine).map_err(Error::from)
     }
     fn stream_run(&self, index: usize) -> Option<(StreamRun, Footprint)> {
-        // Only what one engine run moves with no copy between blocks, in
-        // DeepSpeed's overlap mode; the rest keeps `run_slice`.
+        // Only what one engine run moves, in DeepSpeed's overlap mode; the
+        // rest keeps `run_slice`.
         let slice = self.slices.get(index)?;
         let knobs = self.direct_knobs;
-        let streams = self.bounce_copy.is_none()
-            && slice.buffered.is_empty()
+        let streams = slice.buffered.is_empty()
             && !slice.direct.is_empty()
             && knobs.overlap_events
             && !knobs.single_submit;

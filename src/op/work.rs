@@ -63,6 +63,48 @@ impl Footprint {
     }
 }
 
+/// What an op touches, for its handle's ordering of ops (see `handle.rs`):
+/// the caller's memory it fills or reads, and the file bytes it writes or
+/// reads. Ops take effect in submission order wherever two of them share
+/// memory or file bytes and one of them writes there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OpFootprint {
+    /// The caller's bytes `[memory.0, memory.1)`.
+    pub memory: (usize, usize),
+    /// A read: the op writes the caller's memory.
+    pub fills_memory: bool,
+    /// The file and its bytes `[start, end)`, when known.
+    pub file: Option<(FileIdentity, u64, u64)>,
+}
+
+impl OpFootprint {
+    /// The caller's memory alone (before the file is open).
+    pub fn of_memory(ptr: usize, len: usize, fills_memory: bool) -> OpFootprint {
+        OpFootprint { memory: (ptr, ptr.saturating_add(len)), fills_memory, file: None }
+    }
+
+    /// Both use some of the same caller bytes and one of them fills them.
+    pub fn memory_conflicts(&self, other: &OpFootprint) -> bool {
+        let (a, b) = (self.memory, other.memory);
+        let shared = a.0 < a.1 && b.0 < b.1 && a.0 < b.1 && b.0 < a.1;
+        shared && (self.fills_memory || other.fills_memory)
+    }
+
+    /// Both move some of the same file bytes and one of them writes them.
+    /// Two block devices always conflict (a partition and its disk share
+    /// bytes under other names).
+    pub fn file_conflicts(&self, other: &OpFootprint) -> bool {
+        let (Some((fa, sa, ea)), Some((fb, sb, eb))) = (self.file, other.file) else { return false };
+        let shared = if fa.block_device && fb.block_device { true } else { fa == fb && sa < eb && sb < ea };
+        // A read fills memory, so it writes no file bytes.
+        shared && (!self.fills_memory || !other.fills_memory)
+    }
+
+    pub fn conflicts(&self, other: &OpFootprint) -> bool {
+        self.memory_conflicts(other) || self.file_conflicts(other)
+    }
+}
+
 /// How an op completes in `wait()` once all its slices ran: report the
 /// first slice error, or validate and copy a bounced read back. Dropping it
 /// releases the op's files and buffers.
@@ -71,12 +113,11 @@ pub(crate) trait OpCompletion: Send {
     /// handle's locks: dropping it may release a torch tensor, which can
     /// take the GIL.
     fn finish(&mut self, outcome: Result<()>) -> Result<()>;
-    /// The caller is now in a call on the op (a blocking call, or `wait()`):
-    /// the op may copy into the caller's memory as its blocks complete.
-    fn caller_entered(&self) {}
-    /// The caller leaves the call with the op still in flight (an
-    /// interrupted wait): from now on nothing may touch its memory.
-    fn caller_left(&self) {}
+    /// Every slice has run (`slices_ok`: none failed): a later op on the
+    /// same caller memory is about to be submitted, so whatever the op
+    /// still does to that memory (a bounced read's copy-out) is done now, in
+    /// submission order. `finish` then reports its outcome.
+    fn settle(&mut self, _slices_ok: bool) {}
 }
 
 /// What an op moves, for the handle's statistics.
@@ -91,6 +132,8 @@ pub(crate) struct OpMeta {
     /// on the calling thread when nothing else is pending (CPU ops only:
     /// the hand-off to a worker and back costs more than a small transfer).
     pub may_run_inline: bool,
+    /// What the op touches (None: it is ordered by nothing).
+    pub footprint: Option<OpFootprint>,
 }
 
 /// An op ready to be dispatched.

@@ -80,19 +80,18 @@ impl PyStaging {
 }
 
 impl Staging for PyStaging {
-    fn memory_is_fixed(&self) -> bool {
-        self.extent.is_none() && self.copier.is_none()
-    }
-
-    fn reports_extent(&self) -> bool {
-        self.extent.is_some()
+    /// Under the GIL: Python code can then neither free nor move the
+    /// object's memory (a tensor's `resize_`/`set_`, a bytearray's resize is
+    /// refused anyway while `_hold` holds its export).
+    fn hold_still(&self, access: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        crate::interpreter::with_interpreter_lock(access)
     }
 
     fn current_extent(&self) -> Option<(usize, usize)> {
         let extent = self.extent.as_ref()?;
-        // Asked with the GIL (the op's wait() released it). If the question
-        // cannot be answered, say the buffer moved: the op then fails
-        // instead of copying into memory it cannot vouch for.
+        // Asked with the GIL (inside `hold_still`). If the question cannot
+        // be answered, say the buffer moved: the op then fails instead of
+        // copying into memory it cannot vouch for.
         let now = Python::try_attach(|py| extent.bind(py).call0().and_then(|r| r.extract::<(usize, usize)>()).ok());
         Some(now.flatten().unwrap_or((0, 0)))
     }

@@ -1,0 +1,26 @@
+//! Test-only fault injection: a panic in the middle of an engine run, with
+//! other requests still in the kernel (see `internal_tests/robustness.rs`).
+
+use std::cell::Cell;
+
+thread_local! {
+    /// Completions left before the engine run on this thread panics.
+    static PANIC_AFTER: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Arms a panic after `completions` more completions on this thread.
+pub(crate) fn panic_after_completions(completions: usize) {
+    PANIC_AFTER.with(|c| c.set(Some(completions)));
+}
+
+/// Called by the io_uring engine after each completion it settles.
+pub(crate) fn after_completion() {
+    PANIC_AFTER.with(|c| match c.get() {
+        Some(0) => {
+            c.set(None);
+            panic!("injected panic after a completion (test)");
+        }
+        Some(n) => c.set(Some(n - 1)),
+        None => {}
+    });
+}
