@@ -8,7 +8,8 @@
 //! `STATX_DIOALIGN`); the C++ ignored that and silently wrote nothing. Here an
 //! op also gets a second, buffered descriptor for the parts that cannot go
 //! direct: unaligned heads and tails, misaligned buffers, and file systems
-//! without O_DIRECT at all.
+//! without O_DIRECT at all. A block device's size comes from the
+//! `BLKGETSIZE64` ioctl, since stat reports 0 bytes for one.
 
 use std::ffi::CString;
 use std::io;
@@ -182,10 +183,17 @@ fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>, Option<FileIden
             libc::STATX_DIOALIGN | libc::STATX_SIZE | libc::STATX_INO | libc::STATX_TYPE,
             &mut stx,
         );
-        let size = (rc == 0 && stx.stx_mask & libc::STATX_SIZE != 0).then_some(stx.stx_size);
         // statx always fills the device numbers. A block device is named by
         // the device it is (two device nodes of one disk are one target).
-        let is_block = stx.stx_mask & libc::STATX_TYPE != 0 && u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFBLK;
+        let is_block =
+            rc == 0 && stx.stx_mask & libc::STATX_TYPE != 0 && u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFBLK;
+        // statx gives a block device 0 bytes; on an ioctl failure the size
+        // is left unknown, and `OpenFile::size` asks again and reports it.
+        let size = if is_block {
+            block_device_size(fd).ok()
+        } else {
+            (rc == 0 && stx.stx_mask & libc::STATX_SIZE != 0).then_some(stx.stx_size)
+        };
         let identity = match (rc, is_block) {
             (0, true) => Some(FileIdentity {
                 dev_major: stx.stx_rdev_major,
@@ -231,16 +239,39 @@ fn is_regular_file(fd: RawFd) -> bool {
     }
 }
 
-/// Size of an open file.
-pub fn fd_size(fd: RawFd) -> io::Result<u64> {
+/// `BLKGETSIZE64` from <linux/fs.h>, `_IOR(0x12, 114, size_t)`: a block
+/// device's size in bytes. This is the asm-generic encoding with an 8-byte
+/// size_t (x86_64, aarch64); powerpc, mips and sparc number it differently.
+const BLKGETSIZE64: u32 = 0x8008_1272;
+
+/// Size in bytes of the block device open on `fd`.
+fn block_device_size(fd: RawFd) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer. The request
+    // parameter is c_ulong on glibc and c_int on musl, hence `as _`.
+    let rc = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size as *mut u64) };
+    if rc != 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(size)
+    }
+}
+
+/// Size of an open file, or of a block device (whose `st_size` is 0), and
+/// the call that failed when it cannot be learnt.
+fn fd_size(fd: RawFd) -> std::result::Result<u64, (&'static str, io::Error)> {
     // SAFETY: fstat fills a zeroed struct.
-    unsafe {
+    let st = unsafe {
         let mut st: libc::stat = std::mem::zeroed();
         if libc::fstat(fd, &mut st) != 0 {
-            return Err(io::Error::last_os_error());
+            return Err(("fstat of", io::Error::last_os_error()));
         }
-        Ok(st.st_size as u64)
+        st
+    };
+    if st.st_mode & libc::S_IFMT == libc::S_IFBLK {
+        return block_device_size(fd).map_err(|e| ("BLKGETSIZE64 ioctl on", e));
     }
+    Ok(st.st_size as u64)
 }
 
 impl OpenFile {
@@ -431,17 +462,28 @@ impl OpenFile {
         self.identity
     }
 
-    /// Size of the file: as `statx` gave it when the op opened the file
-    /// (moments ago, in the same `prepare`), else from `fstat` now.
+    /// Size of the file or block device: as learnt when the op opened it
+    /// (moments ago, in the same `prepare`), else from `fstat` (or
+    /// `BLKGETSIZE64`) now.
     pub fn size(&self) -> Result<u64> {
         if let Some(size) = self.size_at_open {
             return Ok(size);
         }
-        fd_size(self.any_fd()).map_err(|source| Error::File {
-            path: self.display_path(),
-            action: "fstat of",
-            source,
-        })
+        fd_size(self.any_fd()).map_err(|(action, source)| Error::File { path: self.display_path(), action, source })
+    }
+
+    /// Whether the target is a block device (so that messages say "device").
+    pub fn is_block_device(&self) -> bool {
+        match self.identity {
+            Some(identity) => identity.block_device,
+            None => {
+                // SAFETY: fstat fills a zeroed struct.
+                unsafe {
+                    let mut st: libc::stat = std::mem::zeroed();
+                    libc::fstat(self.any_fd(), &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFBLK
+                }
+            }
+        }
     }
 
     pub fn display_path(&self) -> PathBuf {

@@ -7,12 +7,14 @@ use std::path::PathBuf;
 use crate::error::{Direction, Error, Result};
 use crate::file::{FileTarget, OpenFile};
 
-/// A read must lie inside the file (DeepSpeed asserted, killing the process).
+/// A read must lie inside the file or block device (DeepSpeed asserted,
+/// killing the process).
 pub(crate) fn check_read_extent(file: &OpenFile, file_offset: u64, len: usize) -> Result<()> {
     let size = file.size()?;
     if file_offset.checked_add(len as u64).is_none_or(|end| end > size) {
+        let what = if file.is_block_device() { "device" } else { "file" };
         return Err(Error::InvalidArgument(format!(
-            "{}: reading {len} bytes at offset {file_offset} runs past the end of the file ({size} bytes)",
+            "{}: reading {len} bytes at offset {file_offset} runs past the end of the {what} ({size} bytes)",
             file.display_path().display()
         )));
     }
