@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 /// Runs `f` holding the GIL (taken on this thread if it does not hold it
 /// already, from any thread). Fails when the interpreter is finalizing:
 /// then nothing is run.
+#[cfg_attr(not(any(feature = "python", feature = "ffi")), allow(dead_code))] // used by the front ends' Staging
 pub(crate) fn with_interpreter_lock<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     #[cfg(feature = "python")]
     {
