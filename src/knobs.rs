@@ -464,7 +464,13 @@ mod tests {
             }
         }
         // Names tests pass to their own child processes are not knobs.
-        let private = ["DEEPNVME_VALIDATE_CHILD", "DEEPNVME_VALIDATE_ENGINE", "DEEPNVME_GDS_TEST_CHILD"];
+        let private = [
+            "DEEPNVME_VALIDATE_CHILD",
+            "DEEPNVME_VALIDATE_ENGINE",
+            "DEEPNVME_GDS_TEST_CHILD",
+            "DEEPNVME_BOUNCE_TEST_CHILD",
+            "DEEPNVME_BOUNCE_TEST_ENGINE",
+        ];
         for (name, file) in used {
             if private.contains(&name.as_str()) {
                 continue;
