@@ -34,7 +34,7 @@ use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -70,8 +70,9 @@ struct InFlight {
     /// How the op finishes; taken by whoever finishes it.
     completion: Mutex<Option<Box<dyn OpCompletion>>>,
     /// Earlier ops on the same file bytes: this op's slices start only
-    /// once theirs have all run (ops take effect in submission order).
-    after: Vec<Arc<InFlight>>,
+    /// once theirs have all run (ops take effect in submission order). Weak:
+    /// an op gone from every queue has run all its slices.
+    after: Vec<Weak<InFlight>>,
 }
 
 struct SliceTally {
@@ -82,7 +83,7 @@ struct SliceTally {
 }
 
 impl InFlight {
-    fn new(work: Arc<dyn OpWork>, completion: Option<Box<dyn OpCompletion>>, meta: OpMeta, after: Vec<Arc<InFlight>>) -> Self {
+    fn new(work: Arc<dyn OpWork>, completion: Option<Box<dyn OpCompletion>>, meta: OpMeta, after: Vec<Weak<InFlight>>) -> Self {
         let remaining = work.slice_count();
         InFlight {
             work,
@@ -110,12 +111,12 @@ impl InFlight {
 
     /// Whether the ops this one must follow have run all their slices.
     fn predecessors_done(&self) -> bool {
-        self.after.iter().all(|op| op.slices_done())
+        self.after.iter().all(|op| op.upgrade().is_none_or(|op| op.slices_done()))
     }
 
     /// Blocks until the ops this one must follow have run all their slices.
     fn until_predecessors_done(&self) {
-        for op in &self.after {
+        for op in self.after.iter().filter_map(Weak::upgrade) {
             op.until_slices_done();
         }
     }
@@ -960,11 +961,11 @@ impl IoHandle {
         // Queue and hand out under one lock, so every worker sees ops in the
         // order `wait()` finishes them.
         let mut pending = self.pending.lock();
-        let after: Vec<Arc<InFlight>> = match &meta.footprint {
+        let after: Vec<Weak<InFlight>> = match &meta.footprint {
             Some(mine) => pending
                 .iter()
                 .filter(|op| !op.slices_done() && op.meta.footprint.as_ref().is_some_and(|fp| fp.conflicts(mine)))
-                .cloned()
+                .map(Arc::downgrade)
                 .collect(),
             None => Vec::new(),
         };

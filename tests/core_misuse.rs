@@ -641,3 +641,32 @@ fn ops_succeed_with_stdout_and_stderr_closed() {
     let d = dir.path().to_path_buf();
     run_in_child("closed stdout/stderr", 20, move || closed_streams_child(&d));
 }
+
+/// An empty tensor has no data pointer (null): its ops make no slice from
+/// it (a debug build checks the precondition of every unsafe slice) and
+/// return what DeepSpeed's do: 0 for an async submit, then 1 from wait();
+/// 1 from a blocking call (the op it finished).
+#[test]
+fn an_empty_buffer_with_a_null_pointer_moves_nothing_and_counts_as_one_op() {
+    let _g = serial();
+    let dir = TempDir::new("empty");
+    let path = dir.file("e.bin");
+    write_file(&path, &pattern(3, 4096));
+    for engine in engines() {
+        for parallelism in [1, 2] {
+            let h = handle_with(engine, 1 << 20, 8, false, true, parallelism);
+            // SAFETY: zero bytes at null: nothing is ever read or written.
+            let empty = || unsafe { deepnvme::BufferDesc::from_raw_parts(std::ptr::null_mut(), 0) };
+            for direction in [Direction::Read, Direction::Write] {
+                let req = || request(direction, FileTarget::Path(&path), 0, empty());
+                assert_eq!(h.submit(req(), false).unwrap(), 1, "{engine:?} {direction:?} blocking");
+                assert_eq!(h.submit(req(), true).unwrap(), 0, "{engine:?} {direction:?} async");
+                assert_eq!(h.wait().unwrap(), 1, "{engine:?} {direction:?} wait");
+                h.transfer_inline(req()).unwrap();
+                let pinned = empty().pinned(true);
+                assert_eq!(h.submit(request(direction, FileTarget::Path(&path), 0, pinned), false).unwrap(), 1);
+            }
+            assert_bytes_eq(&read_file(&path), &pattern(3, 4096), "the file after empty ops");
+        }
+    }
+}
