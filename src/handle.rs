@@ -7,6 +7,15 @@
 //! order (validation, bounce copy-back, closing the files the handle opened)
 //! and returns how many it finished — 0 when nothing was pending.
 //!
+//! **Order.** Ops on one handle take effect in submission order wherever
+//! they share caller memory or file bytes and one of them writes there
+//! (`op/caller.rs` states the rule): submitting an op first settles the
+//! pending ops on the same memory (their slices end, a bounced read's bytes
+//! are copied out, on the submitting thread), and an op's slices start only
+//! once earlier ops on the same file bytes have run theirs (`after`). A
+//! blocking op on bounced memory larger than a window first finishes every
+//! pending op, then streams through the bounce windows (`op/window.rs`).
+//!
 //! A worker with an io_uring ring streams back-to-back ops (`QueuedRuns`):
 //! the slices queued behind the one it runs start in the ring's slots as
 //! they free up, instead of after the ring drains, except where a queued

@@ -35,8 +35,18 @@
 //! What each module owns:
 //! * [`knobs`]: every default, limit and environment variable, in one place.
 //! * `buffer`: the caller's memory ([`BufferDesc`], built only through an
-//!   `unsafe` constructor that states its contract), [`Staging`] copiers,
-//!   and [`IoBuffer`] for memory an async op owns.
+//!   `unsafe` constructor that states its contract), the front ends'
+//!   [`Staging`] (their copies and their hold on the caller's memory), and
+//!   [`IoBuffer`] for memory an async op owns.
+//! * `op/caller.rs`: **the ownership rule** for caller memory, in one place:
+//!   I/O goes directly only into memory that cannot move; every copy to or
+//!   from movable memory runs inside the front end's hold (the GIL), on the
+//!   thread that submits or waits, never on an I/O thread; ops on shared
+//!   memory or file bytes take effect in submission order.
+//! * `bounce`: bounce buffers, sized to the op and drawn from a process-wide
+//!   budget; `host_copy`: the copies' streaming stores and threads.
+//! * `interpreter`: holding the Python interpreter's lock without naming
+//!   the front end.
 //! * [`pinned`]: the process-wide page-locked memory manager
 //!   (`deepspeed_pin_tensor_t::shared()`), constant-time range recognition
 //!   (a page index), and
@@ -46,10 +56,12 @@
 //! * `file`: opening files as DeepSpeed does (O_DIRECT, no truncation) and
 //!   their O_DIRECT alignment.
 //! * `op`: one transfer (`cpu_op_desc_t`): `op/mod.rs` the bounce decision
-//!   and lifecycle, `op/plan.rs` slice geometry, `op/checks.rs` checks and
-//!   validation, `op/work.rs` the shape the handle runs.
+//!   and lifecycle, `op/window.rs` blocking bounced ops streamed through
+//!   bounded windows, `op/plan.rs` slice geometry, `op/checks.rs` checks and
+//!   validation, `op/work.rs` the shape the handle runs and what an op touches.
 //! * `handle`: [`IoHandle`] (`deepspeed_io_handle_t` / `deepspeed_gds_handle_t`):
-//!   workers, queue, `wait()`, and the GDS routing of CUDA buffers.
+//!   workers, queue, the order of ops on shared memory and file bytes,
+//!   `wait()`, and the GDS routing of CUDA buffers.
 //! * `config`: [`HandleConfig`], a handle's knobs.
 //! * [`gds`]: GPUDirect Storage through cuFile, loaded at run time.
 //! * [`stats`]: ops, bytes, bounced bytes, failures and latency, per handle
