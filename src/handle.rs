@@ -59,7 +59,7 @@ use crate::file::FileTarget;
 use crate::gds::{GdsDriver, GdsDriverGuard};
 use crate::knobs;
 use crate::op::checks::check_divisible;
-use crate::op::window::{ChunkRunner, WindowedOp};
+use crate::op::window::{ChunkRunner, Suspended, Windowed, WindowedOp};
 use crate::op::work::{Footprint, OpCompletion, OpFootprint, OpMeta, OpWork, PreparedOp};
 use crate::op::{CpuOp, Mode, OpRequest, Prepared};
 use crate::stats::{self, Counters, OpRecord, Stats};
@@ -810,10 +810,20 @@ impl IoHandle {
                     let (earlier, finished) = self.wait_locked();
                     let started = Instant::now();
                     let meta = windowed_meta(&op);
-                    let mut workers = WorkerChunks { handle: self, in_flight: VecDeque::new() };
-                    let outcome = op.run(&mut workers, between);
-                    self.record(meta, outcome.is_ok(), started);
-                    (combine(earlier, outcome), finished)
+                    match op.start(WorkerChunks::new(self), between) {
+                        Windowed::Done(outcome) => {
+                            self.record(meta, outcome.is_ok(), started);
+                            (combine(earlier, outcome), finished)
+                        }
+                        Windowed::Suspended(mut suspended) => {
+                            // Interrupted: the rest waits for the next wait().
+                            let interruption = suspended.take_interruption();
+                            let meta = OpMeta { footprint: Some(suspended.footprint()), settle_on_conflict: true, ..meta };
+                            let resume = ResumeWindowed { suspended: Some(suspended), outcome: None };
+                            self.dispatch(PreparedOp { work: Arc::new(NoSlices), completion: Box::new(resume), meta });
+                            (Err(interruption), finished)
+                        }
+                    }
                 }
             })
         })?;
@@ -965,6 +975,13 @@ impl IoHandle {
     /// Queues an op and hands its slices to the workers. Its slices wait
     /// for those of earlier pending ops on the same file bytes.
     fn dispatch(&self, op: PreparedOp) {
+        if let Some(mine) = &op.meta.footprint {
+            for earlier in self.pending_matching(|fp| fp.conflicts(mine)) {
+                if earlier.meta.settle_on_conflict {
+                    earlier.settle();
+                }
+            }
+        }
         let PreparedOp { work, completion, meta } = op;
         let slices = work.slice_count();
         // Queue and hand out under one lock, so every worker sees ops in the
@@ -985,15 +1002,8 @@ impl IoHandle {
 
     /// Slice `i` to worker `i % workers`.
     fn send_slices(&self, op: &Arc<InFlight>, slices: usize) {
-        for slice in 0..slices {
-            let worker = &self.workers[slice % self.workers.len()];
-            let job = Job { op: op.clone(), slice, ran: false };
-            if let Some(tx) = worker.jobs.as_ref() {
-                // A send to a worker that is gone drops the job, which fails
-                // its slice rather than leave the op waiting forever.
-                let _ = tx.send(WorkerMsg::Run(job));
-            }
-        }
+        let workers: Vec<Arc<mpsc::Sender<WorkerMsg>>> = self.workers.iter().filter_map(|w| w.jobs.clone()).collect();
+        send_slices(&workers, op, slices);
     }
 
     /// Waits for every pending op, finishes each, and returns how many.
@@ -1020,7 +1030,10 @@ impl IoHandle {
         let mut errors = Errors::default();
         let mut finished = Vec::new();
         loop {
-            let Some(op) = self.pending.lock().pop_front() else { break };
+            // The op stays queued until it is finished: an op submitted
+            // meanwhile on the same memory (from another thread) must see it
+            // to settle after it (only this call, under `serial`, removes ops).
+            let Some(op) = self.pending.lock().front().cloned() else { break };
             let outcome = op.wait_slices();
             let taken = op.completion.lock().take();
             let result = match taken {
@@ -1032,6 +1045,8 @@ impl IoHandle {
                 None => outcome,
             };
             op.mark_finished();
+            let removed = self.pending.lock().pop_front();
+            debug_assert!(removed.is_some_and(|r| Arc::ptr_eq(&r, &op)), "ops leave the queue in order");
             completed += 1;
             self.record(op.meta, result.is_ok(), op.started);
             if let Err(e) = result {
@@ -1054,7 +1069,10 @@ impl IoHandle {
                     let meta = op.meta();
                     if let Some(mine) = meta.footprint {
                         for earlier in self.pending_matching(|fp| fp.conflicts(&mine)) {
-                            earlier.until_slices_done();
+                            match earlier.meta.settle_on_conflict {
+                                true => earlier.settle(),
+                                false => _ = earlier.until_slices_done(),
+                            }
                         }
                     }
                     let plan = op.plan().clone();
@@ -1064,16 +1082,18 @@ impl IoHandle {
                     result
                 }
                 Prepared::Windowed(op) => {
-                    // (Its file bytes: the windows' plans are not queued, so
-                    // wait for every pending op that writes or reads files.)
-                    for earlier in self.pending_matching(|fp| fp.file.is_some()) {
-                        earlier.until_slices_done();
-                    }
                     let meta = windowed_meta(&op);
+                    let mine = op.footprint();
+                    for earlier in self.pending_matching(|fp| fp.conflicts(&mine)) {
+                        match earlier.meta.settle_on_conflict {
+                            true => earlier.settle(),
+                            false => _ = earlier.until_slices_done(),
+                        }
+                    }
                     let mut slot = self.inline_engine.lock();
                     let engine = slot
                         .get_or_insert_with(|| worker_engine(self.engine_kind, self.config.queue_depth, Submitter::AnyThread));
-                    let outcome = op.run(&mut InlineChunks { engine: engine.as_mut(), last: None }, &mut || Ok(()));
+                    let outcome = run_windowed_inline(op, engine.as_mut());
                     if engine.is_broken() {
                         *slot = None;
                     }
@@ -1122,9 +1142,7 @@ impl IoHandle {
             }
             Prepared::Windowed(op) => {
                 let meta = windowed_meta(&op);
-                let outcome = with_thread_engine(kind, config.queue_depth, |engine| {
-                    op.run(&mut InlineChunks { engine, last: None }, &mut || Ok(()))
-                });
+                let outcome = with_thread_engine(kind, config.queue_depth, |engine| run_windowed_inline(op, engine));
                 (meta, outcome)
             }
         };
@@ -1211,24 +1229,38 @@ enum HandleOp {
 
 fn windowed_meta(op: &WindowedOp) -> OpMeta {
     let bytes = op.len() as u64;
-    OpMeta { direction: Some(op.direction()), bytes, bounced_bytes: bytes, may_run_inline: false, footprint: None }
+    OpMeta {
+        direction: Some(op.direction()),
+        bytes,
+        bounced_bytes: bytes,
+        may_run_inline: false,
+        footprint: Some(op.footprint()),
+        settle_on_conflict: false,
+    }
 }
 
-/// A windowed op's chunks on the handle's workers (not queued: the call
-/// that runs them holds `serial` and waits for each).
-struct WorkerChunks<'a> {
-    handle: &'a IoHandle,
+/// A windowed op's chunks on the handle's workers. Not queued: the call
+/// that runs them waits for each (or, interrupted, queues the op itself as
+/// a [`ResumeWindowed`], which owns its runner from then on).
+struct WorkerChunks {
+    workers: Vec<Arc<mpsc::Sender<WorkerMsg>>>,
     in_flight: VecDeque<Arc<InFlight>>,
 }
 
-impl ChunkRunner for WorkerChunks<'_> {
+impl WorkerChunks {
+    fn new(handle: &IoHandle) -> WorkerChunks {
+        WorkerChunks { workers: handle.workers.iter().filter_map(|w| w.jobs.clone()).collect(), in_flight: VecDeque::new() }
+    }
+}
+
+impl ChunkRunner for WorkerChunks {
     fn depth(&self) -> usize {
         knobs::BOUNCE_WINDOWS
     }
     fn start(&mut self, plan: Arc<crate::op::plan::OpPlan>) -> Result<()> {
         let slices = plan.slice_count();
         let op = Arc::new(InFlight::new(plan, None, OpMeta::default(), Vec::new()));
-        self.handle.send_slices(&op, slices);
+        send_slices(&self.workers, &op, slices);
         self.in_flight.push_back(op);
         Ok(())
     }
@@ -1240,12 +1272,60 @@ impl ChunkRunner for WorkerChunks<'_> {
     }
 }
 
-impl Drop for WorkerChunks<'_> {
+impl Drop for WorkerChunks {
     /// The windows must outlive their I/O, whatever ended the op.
     fn drop(&mut self) {
         for op in self.in_flight.drain(..) {
             op.until_slices_done();
         }
+    }
+}
+
+/// Slice `i` of `op` to worker `i % workers`. A send to a worker that is
+/// gone drops the job, which fails its slice rather than leave the op
+/// waiting forever (as does a handle with no worker left).
+fn send_slices(workers: &[Arc<mpsc::Sender<WorkerMsg>>], op: &Arc<InFlight>, slices: usize) {
+    for slice in 0..slices {
+        let job = Job { op: op.clone(), slice, ran: false };
+        if let Some(tx) = workers.get(slice % workers.len().max(1)) {
+            let _ = tx.send(WorkerMsg::Run(job));
+        }
+    }
+}
+
+/// An interrupted windowed read, queued: the next `wait()` (or a later op
+/// on the same memory or file bytes) resumes it to its end, on its thread.
+struct ResumeWindowed {
+    suspended: Option<Suspended<WorkerChunks>>,
+    outcome: Option<Result<()>>,
+}
+
+/// The queued form of a suspended op has no slices of its own: its chunks
+/// are already with the workers, owned by its runner.
+struct NoSlices;
+
+impl OpWork for NoSlices {
+    fn slice_count(&self) -> usize {
+        0
+    }
+    fn run_slice(&self, _index: usize, _engine: &mut dyn Engine) -> Result<()> {
+        Ok(())
+    }
+    fn slice_error(&self, index: usize, detail: String) -> Error {
+        Error::Engine(format!("slice {index} of a resumed op: {detail}"))
+    }
+}
+
+impl OpCompletion for ResumeWindowed {
+    fn settle(&mut self, _slices_ok: bool) {
+        if let Some(op) = self.suspended.take() {
+            self.outcome = Some(op.resume());
+        }
+    }
+    fn finish(&mut self, outcome: Result<()>) -> Result<()> {
+        outcome?;
+        self.settle(true);
+        self.outcome.take().unwrap_or(Ok(()))
     }
 }
 
@@ -1265,6 +1345,14 @@ impl ChunkRunner for InlineChunks<'_> {
     }
     fn finish_oldest(&mut self) -> Result<()> {
         self.last.take().unwrap_or(Ok(()))
+    }
+}
+
+/// Runs a windowed op on the calling thread's engine (never interrupted).
+fn run_windowed_inline(op: WindowedOp, engine: &mut dyn Engine) -> Result<()> {
+    match op.start(InlineChunks { engine, last: None }, &mut || Ok(())) {
+        Windowed::Done(outcome) => outcome,
+        Windowed::Suspended(suspended) => suspended.resume(),
     }
 }
 

@@ -245,6 +245,7 @@ impl CpuOp {
             bounced_bytes: if self.is_direct() { 0 } else { bytes },
             may_run_inline: true,
             footprint: Some(self.footprint),
+            settle_on_conflict: false,
         }
     }
 
@@ -362,7 +363,7 @@ pub(crate) fn plan_op(
 /// The file's identity for ordering ops: as the op's `statx` gave it, else
 /// from `fstat` (a file without O_DIRECT). A block device is named by the
 /// device it is.
-fn order_identity(file: &OpenFile) -> Option<crate::file::FileIdentity> {
+pub(super) fn order_identity(file: &OpenFile) -> Option<crate::file::FileIdentity> {
     if let Some(id) = file.identity() {
         return Some(id);
     }

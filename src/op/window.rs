@@ -16,7 +16,8 @@ use std::sync::Arc;
 use super::caller::{bytes, bytes_mut, CallerMemory};
 use super::checks::report_validation;
 use super::plan::OpPlan;
-use super::{describe_op, plan_op};
+use super::work::OpFootprint;
+use super::{describe_op, order_identity, plan_op};
 use crate::bounce::{BounceBuffer, Purpose};
 use crate::buffer::Staging;
 use crate::engine::Knobs;
@@ -86,6 +87,13 @@ impl WindowedOp {
         self.caller.len
     }
 
+    /// The caller's bytes and the file bytes the op moves.
+    pub fn footprint(&self) -> OpFootprint {
+        let mut fp = OpFootprint::of_memory(self.caller.addr, self.caller.len, self.direction == Direction::Read);
+        fp.file = order_identity(&self.file).map(|id| (id, self.file_offset, self.file_offset + self.caller.len as u64));
+        fp
+    }
+
     fn what(&self) -> String {
         describe_op(self.direction, self.caller.len, self.file_offset, &self.file)
     }
@@ -118,89 +126,40 @@ impl WindowedOp {
         plan_op(self.direction, &mut self.file, file_offset, io_ptr, n, self.parallelism, self.knobs, memory)
     }
 
-    /// Runs the op to its end with `runner`, calling `between` before each
-    /// chunk starts (the Python front ends check for Ctrl-C there). An error
-    /// (a chunk's, a copy's, or a read's `between`) stops it once the chunks
-    /// in flight are done: the caller's memory then holds what the chunks
-    /// before the failure moved. A write interrupted by `between` writes
-    /// all it was given first, then returns the interruption.
-    pub fn run(mut self, runner: &mut dyn ChunkRunner, between: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+    /// Starts the op with `runner` and runs it to its end, calling `between`
+    /// before each chunk starts (the Python front ends check for Ctrl-C
+    /// there). An error (a chunk's or a copy's) stops it once the chunks in
+    /// flight are done. A write interrupted by `between` writes all it was
+    /// given first, then returns the interruption. A read interrupted by
+    /// `between` comes back [`Windowed::Suspended`], its chunks in flight:
+    /// the handle queues it, and the next `wait()` resumes it.
+    pub fn start<R: ChunkRunner>(self, runner: R, between: &mut dyn FnMut() -> Result<()>) -> Windowed<R> {
         let len = self.caller.len;
         let chunks = len.div_ceil(self.window);
         let count = BOUNCE_WINDOWS.min(runner.depth().max(1)).min(chunks);
         let what = self.what();
         let mut windows = Vec::with_capacity(count);
         for _ in 0..count {
-            windows.push(BounceBuffer::take(self.skew + self.window, Purpose::Window, &|| what.clone())?);
-        }
-        // Declared after the windows, so dropped (and drained) before them.
-        let mut interrupted: Option<Error> = None;
-        let mut run = Progress { runner, in_flight: VecDeque::new(), first: None, done_bytes: 0 };
-        for k in 0..chunks {
-            if run.in_flight.len() == windows.len() {
-                self.finish_oldest(&mut run, &windows);
-            }
-            if run.first.is_some() {
-                break;
-            }
-            let w = k % windows.len();
-            // A write is never cut short by an interruption (nothing the
-            // caller wrote is lost): it is reported once the write is done.
-            let asked_to_stop = match between() {
-                Err(e) if self.direction == Direction::Write => {
-                    interrupted.get_or_insert(e);
-                    Ok(())
-                }
-                other => other,
-            };
-            let started = asked_to_stop.and_then(|()| {
-                if self.direction == Direction::Write {
-                    self.copy_in(k, &mut windows[w])?;
-                }
-                let plan = self.plan_chunk(k, &windows[w])?;
-                run.runner.start(plan)
-            });
-            match started {
-                Ok(()) => run.in_flight.push_back(k),
-                Err(e) => {
-                    run.first = Some(e);
-                    break;
-                }
+            match BounceBuffer::take(self.skew + self.window, Purpose::Window, &|| what.clone()) {
+                Ok(w) => windows.push(w),
+                Err(e) => return Windowed::Done(Err(e)),
             }
         }
-        while !run.in_flight.is_empty() {
-            self.finish_oldest(&mut run, &windows);
+        let mut run = WindowRun {
+            op: self,
+            windows,
+            runner,
+            in_flight: VecDeque::new(),
+            next: 0,
+            chunks,
+            first: None,
+            done_bytes: 0,
+            interrupted: None,
+        };
+        match run.advance(between) {
+            Some(interruption) => Windowed::Suspended(Suspended { run, interruption: Some(interruption) }),
+            None => Windowed::Done(run.finish()),
         }
-        let (first, done_bytes) = (run.first.take(), run.done_bytes);
-        drop(run);
-        if let Some(e) = first {
-            return Err(self.stopped_error(e, done_bytes));
-        }
-        if let Some(e) = interrupted {
-            return Err(e);
-        }
-        if self.validate {
-            let (file, direction, offset) = (&self.file, self.direction, self.file_offset);
-            // SAFETY: the caller's bytes, held still (caller.rs).
-            self.caller.with_bytes(self.staging.as_ref(), 0, len, &|| what.clone(), |p| {
-                report_validation(direction, file, offset, unsafe { bytes(p, len) })
-            })?;
-        }
-        if self.direction == Direction::Write {
-            // A deferred write error (NFS, FUSE) only shows at close().
-            if let Err(errno) = self.file.close_owned() {
-                return Err(Error::Transfer(TransferError {
-                    direction: self.direction,
-                    path: self.file.path().map(|p| p.to_path_buf()),
-                    fd: self.file.any_fd(),
-                    file_offset: self.file_offset,
-                    len,
-                    errno,
-                    detail: Some("close() reported a deferred write error".into()),
-                }));
-            }
-        }
-        Ok(())
     }
 
     /// An error that stopped the op, with how many of its bytes moved
@@ -220,17 +179,55 @@ impl WindowedOp {
     }
 }
 
-/// The chunks in flight, in order, and how the op is doing. Dropped with
-/// chunks still in flight (a panic unwinding), it waits for them: their
-/// windows must outlive their I/O.
-struct Progress<'r> {
-    runner: &'r mut dyn ChunkRunner,
-    in_flight: VecDeque<usize>,
-    first: Option<Error>,
-    done_bytes: usize,
+/// What starting a windowed op gave.
+pub(crate) enum Windowed<R: ChunkRunner> {
+    /// It ran to its end.
+    Done(Result<()>),
+    /// A read interrupted midway: resume it to finish it.
+    Suspended(Suspended<R>),
 }
 
-impl Drop for Progress<'_> {
+/// An interrupted windowed read, its chunks in flight, its windows held.
+pub(crate) struct Suspended<R: ChunkRunner> {
+    run: WindowRun<R>,
+    interruption: Option<Error>,
+}
+
+impl<R: ChunkRunner> Suspended<R> {
+    /// Runs the rest of the op (not interruptible) and returns its outcome.
+    pub fn resume(mut self) -> Result<()> {
+        self.run.advance(&mut || Ok(()));
+        self.run.finish()
+    }
+
+    /// What interrupted it (for the interrupted call to return), once.
+    pub fn take_interruption(&mut self) -> Error {
+        self.interruption.take().unwrap_or_else(|| Error::Interrupted("interrupted".into()))
+    }
+
+    /// What the rest of the op touches.
+    pub fn footprint(&self) -> OpFootprint {
+        self.run.op.footprint()
+    }
+}
+
+/// A windowed op in progress: its windows, the chunks in flight in order,
+/// and how it is doing. Its `Drop` waits for the chunks in flight, whatever
+/// ended the op, before any field (the windows) goes.
+struct WindowRun<R: ChunkRunner> {
+    op: WindowedOp,
+    windows: Vec<BounceBuffer>,
+    runner: R,
+    in_flight: VecDeque<usize>,
+    /// The next chunk to start, of `chunks`.
+    next: usize,
+    chunks: usize,
+    first: Option<Error>,
+    done_bytes: usize,
+    interrupted: Option<Error>,
+}
+
+impl<R: ChunkRunner> Drop for WindowRun<R> {
     fn drop(&mut self) {
         while self.in_flight.pop_front().is_some() {
             let _ = self.runner.finish_oldest();
@@ -238,22 +235,95 @@ impl Drop for Progress<'_> {
     }
 }
 
-impl WindowedOp {
+impl<R: ChunkRunner> WindowRun<R> {
+    /// Starts chunks until all have started or the op failed, keeping at
+    /// most one per window in flight. Returns the interruption of a read
+    /// (the op then stops here, its chunks still in flight).
+    fn advance(&mut self, between: &mut dyn FnMut() -> Result<()>) -> Option<Error> {
+        while self.next < self.chunks && self.first.is_none() {
+            if self.in_flight.len() == self.windows.len() {
+                self.finish_oldest();
+                if self.first.is_some() {
+                    break;
+                }
+            }
+            match between() {
+                Ok(()) => {}
+                // A write is never cut short (nothing the caller wrote is
+                // lost): the interruption is reported once it is done.
+                Err(e) if self.op.direction == Direction::Write => {
+                    self.interrupted.get_or_insert(e);
+                }
+                Err(e) => return Some(e),
+            }
+            let (k, w) = (self.next, self.next % self.windows.len());
+            let started = (|| {
+                if self.op.direction == Direction::Write {
+                    self.op.copy_in(k, &mut self.windows[w])?;
+                }
+                let plan = self.op.plan_chunk(k, &self.windows[w])?;
+                self.runner.start(plan)
+            })();
+            match started {
+                Ok(()) => {
+                    self.in_flight.push_back(k);
+                    self.next += 1;
+                }
+                Err(e) => self.first = Some(e),
+            }
+        }
+        None
+    }
+
     /// Waits for the oldest chunk in flight; a read's bytes then go to the
     /// caller (unless the op already failed).
-    fn finish_oldest(&self, run: &mut Progress<'_>, windows: &[BounceBuffer]) {
-        let Some(j) = run.in_flight.pop_front() else { return };
-        let outcome = run.runner.finish_oldest();
-        if run.first.is_some() {
+    fn finish_oldest(&mut self) {
+        let Some(j) = self.in_flight.pop_front() else { return };
+        let outcome = self.runner.finish_oldest();
+        if self.first.is_some() {
             return;
         }
-        let outcome = outcome.and_then(|()| match self.direction {
-            Direction::Read => self.copy_out(j, &windows[j % windows.len()]),
+        let outcome = outcome.and_then(|()| match self.op.direction {
+            Direction::Read => self.op.copy_out(j, &self.windows[j % self.windows.len()]),
             Direction::Write => Ok(()),
         });
         match outcome {
-            Ok(()) => run.done_bytes += self.chunk(j).1,
-            Err(e) => run.first = Some(e),
+            Ok(()) => self.done_bytes += self.op.chunk(j).1,
+            Err(e) => self.first = Some(e),
         }
+    }
+
+    /// Waits for the chunks in flight, then validates and closes.
+    fn finish(mut self) -> Result<()> {
+        while !self.in_flight.is_empty() {
+            self.finish_oldest();
+        }
+        if let Some(e) = self.first.take() {
+            return Err(self.op.stopped_error(e, self.done_bytes));
+        }
+        let len = self.op.caller.len;
+        if self.op.validate {
+            let what = self.op.what();
+            let (file, direction, offset) = (&self.op.file, self.op.direction, self.op.file_offset);
+            // SAFETY: the caller's bytes, held still (caller.rs).
+            self.op.caller.with_bytes(self.op.staging.as_ref(), 0, len, &|| what.clone(), |p| {
+                report_validation(direction, file, offset, unsafe { bytes(p, len) })
+            })?;
+        }
+        if self.op.direction == Direction::Write {
+            // A deferred write error (NFS, FUSE) only shows at close().
+            if let Err(errno) = self.op.file.close_owned() {
+                return Err(Error::Transfer(TransferError {
+                    direction: self.op.direction,
+                    path: self.op.file.path().map(|p| p.to_path_buf()),
+                    fd: self.op.file.any_fd(),
+                    file_offset: self.op.file_offset,
+                    len,
+                    errno,
+                    detail: Some("close() reported a deferred write error".into()),
+                }));
+            }
+        }
+        self.interrupted.take().map_or(Ok(()), Err)
     }
 }

@@ -134,6 +134,9 @@ pub(crate) struct OpMeta {
     pub may_run_inline: bool,
     /// What the op touches (None: it is ordered by nothing).
     pub footprint: Option<OpFootprint>,
+    /// The op still does its work when settled (an interrupted windowed
+    /// read): a later op that conflicts with it in any way settles it first.
+    pub settle_on_conflict: bool,
 }
 
 /// An op ready to be dispatched.
