@@ -84,6 +84,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dir", default=".")
     ap.add_argument("--with-stock", action="store_true")
+    ap.add_argument("--baseline-python", help="also run streaming on with this interpreter (another venv's "
+                    "build of deepnvme), as \"baseline\"")
     ap.add_argument("--write-docs", action="store_true", help="write docs/perf/op_stream.md")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -93,6 +95,8 @@ def main():
     impls = {"stream on": {"DEEPNVME_OP_STREAM": "1"}, "stream off": {"DEEPNVME_OP_STREAM": "0"}}
     if args.with_stock:
         impls["stock"] = {"DEEPNVME_DEEPSPEED_HOOK": "0"}
+    if args.baseline_python:
+        impls["baseline"] = {"DEEPNVME_OP_STREAM": "1", "_python": args.baseline_python}
     names = list(impls)
     runs = {n: [] for n in names}
     passthrough = ["--ops", str(args.ops), "--op-kb", str(args.op_kb), "--block-kb", str(args.block_kb),
@@ -100,10 +104,12 @@ def main():
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            env = dict(os.environ, DEEPNVME_LOG="quiet", **impls[name])
+            settings = dict(impls[name])
+            python = settings.pop("_python", sys.executable)
+            env = dict(os.environ, DEEPNVME_LOG="quiet", **settings)
             # The stock op's JIT build needs the venv's ninja.
-            env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"] + passthrough,
+            env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")
+            p = subprocess.run([python, os.path.abspath(__file__), "--child"] + passthrough,
                                capture_output=True, text=True, env=env)
             lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
             if p.returncode != 0 or not lines:

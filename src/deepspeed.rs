@@ -57,26 +57,12 @@ impl TensorDesc {
 /// with the GIL); an exception they raise stays set for the front end to
 /// raise, and comes back as [`Error::Interrupted`]. Ok without Python.
 pub fn check_signals() -> Result<()> {
-    #[cfg(feature = "python")]
-    {
-        crate::python::check_signals()
-    }
-    #[cfg(not(feature = "python"))]
-    {
-        Ok(())
-    }
+    crate::interpreter::check_signals()
 }
 
 /// Runs a call that blocks on I/O (or on a handle's lock) without the GIL.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    #[cfg(feature = "python")]
-    {
-        crate::python::without_gil(f)
-    }
-    #[cfg(not(feature = "python"))]
-    {
-        f()
-    }
+    crate::interpreter::without_gil(f)
 }
 
 /// Requests DeepSpeed answers with -1: print why, return -1. Anything else
@@ -385,12 +371,8 @@ pub mod write_warning {
         if EMITTED.swap(true, Ordering::AcqRel) {
             return;
         }
-        #[cfg(feature = "python")]
-        {
-            if crate::python::emit_write_warning(MESSAGE) {
-                return;
-            }
+        if !crate::interpreter::emit_write_warning(MESSAGE) {
+            crate::log::info(MESSAGE);
         }
-        crate::log::info(MESSAGE);
     }
 }

@@ -525,3 +525,27 @@ impl Drop for OpenFile {
         }
     }
 }
+
+impl OpenFile {
+    /// The file's identity for ordering ops on it: as the op's `statx`
+    /// gave it, else from `fstat` (a file without O_DIRECT). A block device
+    /// is named by the device it is.
+    pub fn order_identity(&self) -> Option<FileIdentity> {
+    if let Some(id) = self.identity() {
+        return Some(id);
+    }
+    // SAFETY: fstat fills a zeroed struct for a descriptor the op holds.
+    let st = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(self.any_fd(), &mut st) == 0).then_some(st)
+    }?;
+    let block_device = st.st_mode & libc::S_IFMT == libc::S_IFBLK;
+    let dev = if block_device { st.st_rdev } else { st.st_dev };
+    Some(FileIdentity {
+        dev_major: libc::major(dev),
+        dev_minor: libc::minor(dev),
+        ino: if block_device { 0 } else { st.st_ino },
+        block_device,
+    })
+}
+}

@@ -1,9 +1,36 @@
 //! The Python interpreter, as the core needs it without knowing the front
-//! end: holding its lock (the GIL) while the core touches memory that
-//! Python code could otherwise free or move. Without the `python` feature
-//! there is no interpreter and these run their closure as it is.
+//! end (a leaf: it names no other module of the crate but `error`):
+//! * holding its lock (the GIL) while the core touches memory that Python
+//!   code could otherwise free or move ([`with_interpreter_lock`]);
+//! * letting go of it while a call blocks ([`without_gil`]);
+//! * running pending signal handlers ([`check_signals`]) and DeepSpeed's
+//!   write warning through its logger ([`emit_write_warning`]).
+//!
+//! Without the `python` feature there is no interpreter: these run their
+//! closure as it is, report no signal and log nothing.
 
 use crate::error::{Error, Result};
+
+#[cfg(feature = "python")]
+pub(crate) use with_python::{check_signals, emit_write_warning, without_gil};
+
+/// No interpreter: a blocking call just runs.
+#[cfg(not(feature = "python"))]
+pub(crate) fn without_gil<T>(f: impl FnOnce() -> T) -> T {
+    f()
+}
+
+/// No interpreter: no signal handler to run.
+#[cfg(not(feature = "python"))]
+pub(crate) fn check_signals() -> Result<()> {
+    Ok(())
+}
+
+/// No interpreter: the caller prints the warning itself.
+#[cfg(not(feature = "python"))]
+pub(crate) fn emit_write_warning(_message: &str) -> bool {
+    false
+}
 
 /// Runs `f` holding the GIL (taken on this thread if it does not hold it
 /// already, from any thread). Fails when the interpreter is finalizing:
@@ -19,5 +46,129 @@ pub(crate) fn with_interpreter_lock<T>(f: impl FnOnce() -> Result<T>) -> Result<
     {
         let _ = Error::Copy; // (the error is only made with an interpreter)
         f()
+    }
+}
+
+#[cfg(feature = "python")]
+mod with_python {
+    use pyo3::prelude::*;
+
+    /// Attribute on `deepspeed.utils` that marks the write warning as given,
+    /// shared with DeepSpeed's own extensions.
+    const WRITE_WARNING_MARKER: &str = "_deepspeed_nvme_write_warning_emitted";
+
+    extern "C" {
+        // In every CPython 3; pyo3 leaves it out of its abi3 declarations.
+        fn PyGILState_Check() -> std::os::raw::c_int;
+    }
+
+    /// Whether this thread holds the GIL: it has an attached thread state, of
+    /// whichever interpreter. `PyThreadState_GetUnchecked` (3.13+) or
+    /// `_PyThreadState_UncheckedGet` (3.5-3.12) answer that, and stay right once
+    /// a sub-interpreter exists, where `PyGILState_Check` only knows the main
+    /// interpreter's threads. They are not in the abi3 set, so they are looked
+    /// up at run time; `PyGILState_Check` is the fallback.
+    fn this_thread_holds_gil() -> bool {
+        type GetUnchecked = unsafe extern "C" fn() -> *mut pyo3::ffi::PyThreadState;
+        static GET_UNCHECKED: std::sync::OnceLock<Option<GetUnchecked>> = std::sync::OnceLock::new();
+        let get = GET_UNCHECKED.get_or_init(|| {
+            [c"PyThreadState_GetUnchecked", c"_PyThreadState_UncheckedGet"].iter().find_map(|name| {
+                // SAFETY: dlsym with a NUL-terminated name; a symbol found under
+                // either name is CPython's function of this signature.
+                let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+                (!sym.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, GetUnchecked>(sym) })
+            })
+        });
+        // SAFETY: all three are callable from any thread once Python is initialised.
+        unsafe {
+            if pyo3::ffi::Py_IsInitialized() == 0 {
+                return false;
+            }
+            match get {
+                Some(current) => !current().is_null(),
+                None => PyGILState_Check() == 1,
+            }
+        }
+    }
+
+    /// Runs `f` with the GIL released when this thread holds it, and takes it
+    /// back afterwards (also if `f` panics). DeepSpeed's bindings keep the GIL
+    /// for several blocking calls (every gds_handle method, async submits, the
+    /// handle's destructor); holding it while waiting for I/O would stall every
+    /// Python thread, and could deadlock with a thread that needs the GIL to
+    /// release a tensor while it holds the handle's lock.
+    ///
+    /// Released through pyo3 (`Python::detach`), never with a bare
+    /// `PyEval_SaveThread`: pyo3 keeps a per-thread count of attachments, and
+    /// with a stale count, code inside `f` that drops a Python object (an op's
+    /// hold on its tensor) or calls `Python::try_attach` (a bounce copy, the
+    /// swap check, the signal check) would touch Python without the GIL -- a
+    /// refcount race that corrupted the heap under the pyo3 front end.
+    pub(crate) fn without_gil<T>(f: impl FnOnce() -> T) -> T {
+        /// `f` and its result cross no thread: `detach` runs it on this one. It
+        /// uses no Python object without attaching first (pyo3 then sees the
+        /// thread as detached and attaches properly).
+        struct OnThisThread<X>(X);
+        // SAFETY: see above; the value never leaves the calling thread.
+        unsafe impl<X> Send for OnThisThread<X> {}
+        impl<F> OnThisThread<F> {
+            fn call<T>(self) -> T
+            where
+                F: FnOnce() -> T,
+            {
+                (self.0)()
+            }
+        }
+
+        if !this_thread_holds_gil() {
+            return f();
+        }
+        let mut f = Some(f);
+        // Attaching is re-entrant here (this thread holds the GIL, perhaps
+        // through pybind11, which pyo3 does not count); detach then releases it
+        // and brings it back, also if `f` panics.
+        let released = Python::try_attach(|py| {
+            let call = OnThisThread(f.take().expect("taken once"));
+            py.detach(move || OnThisThread(call.call())).0
+        });
+        match released {
+            Some(result) => result,
+            // The interpreter is finalizing: run it as we are.
+            None => (f.take().expect("not taken: try_attach did not run the closure"))(),
+        }
+    }
+
+    /// `PyErr_CheckSignals` with the GIL: the exception a signal handler raised
+    /// (KeyboardInterrupt) is left set, for pyo3 (`PyErr::take`) or pybind11
+    /// (`error_already_set`) to raise, and reported as [`Error::Interrupted`].
+    pub(crate) fn check_signals() -> crate::error::Result<()> {
+        Python::try_attach(|py| match py.check_signals() {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                let text = err.to_string();
+                err.restore(py);
+                Err(crate::error::Error::Interrupted(text))
+            }
+        })
+        .unwrap_or(Ok(()))
+    }
+
+    /// Logs `message` through `deepspeed.utils.logger.warning` unless another
+    /// extension already did. Returns false when Python or DeepSpeed is not
+    /// there to take it (the caller then prints it itself).
+    pub(crate) fn emit_write_warning(message: &str) -> bool {
+        Python::try_attach(|py| {
+            let attempt = || -> PyResult<()> {
+                let utils = py.import("deepspeed.utils")?;
+                if utils.hasattr(WRITE_WARNING_MARKER)? {
+                    return Ok(());
+                }
+                utils.setattr(WRITE_WARNING_MARKER, true)?;
+                utils.getattr("logger")?.call_method1("warning", (message,))?;
+                Ok(())
+            };
+            attempt().is_ok()
+        })
+        .unwrap_or(false)
     }
 }

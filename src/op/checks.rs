@@ -78,3 +78,8 @@ fn read_back(file: &OpenFile, offset: u64, len: usize) -> std::io::Result<Vec<u8
     f.read_exact_at(&mut out, offset)?;
     Ok(out)
 }
+
+/// Names an op in messages: "read of N bytes at offset O of PATH".
+pub(crate) fn describe_op(direction: Direction, len: usize, file_offset: u64, file: &OpenFile) -> String {
+    format!("{} of {len} bytes at offset {file_offset} of {}", direction.verb(), file.display_path().display())
+}

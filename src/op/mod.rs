@@ -35,8 +35,8 @@ use crate::file::{FileTarget, OpenFile};
 use crate::host_copy::parallel_copy;
 use crate::pinned::{page_size, PinnedMemoryManager, RegionHold};
 use caller::{bytes, bytes_mut, CallerMemory};
-use checks::{check_file_offset, check_read_extent, report_validation};
-use plan::{OpPlan, BUFFERED_FD_PLACEHOLDER};
+use checks::{check_file_offset, check_read_extent, describe_op, report_validation};
+use plan::{plan_op, OpPlan};
 use window::WindowedOp;
 use work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
 
@@ -139,11 +139,6 @@ pub(crate) fn is_direct_capable(buffer: &BufferDesc, manager: &PinnedMemoryManag
         && (buffer.is_declared_pinned() || manager.is_managed(buffer.ptr(), buffer.len()))
 }
 
-/// Names an op in messages: "read of N bytes at offset O of PATH".
-pub(crate) fn describe_op(direction: Direction, len: usize, file_offset: u64, file: &OpenFile) -> String {
-    format!("{} of {len} bytes at offset {file_offset} of {}", direction.verb(), file.display_path().display())
-}
-
 impl CpuOp {
     /// Opens the file, decides direct or bounce (copying an async write's
     /// bytes into its bounce buffer), checks a read against the file's
@@ -169,7 +164,7 @@ impl CpuOp {
         let given = (buffer.ptr() as usize, len);
         let what = || describe_op(direction, len, file_offset, &file);
         let mut footprint = OpFootprint::of_memory(given.0, len, direction == Direction::Read);
-        footprint.file = order_identity(&file).map(|id| (id, file_offset, file_offset + len as u64));
+        footprint.file = file.order_identity().map(|id| (id, file_offset, file_offset + len as u64));
 
         // Taking the hold and deciding "managed" is one lookup, so a region
         // freed concurrently is either held (and stays mapped) or not used
@@ -323,63 +318,6 @@ impl CpuOp {
             detail: Some("close() reported a deferred write error".into()),
         }))
     }
-}
-
-/// Plans an op's slices over `io_ptr` (opening the buffered descriptor
-/// when some bytes cannot go direct).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn plan_op(
-    direction: Direction,
-    file: &mut OpenFile,
-    file_offset: u64,
-    io_ptr: *mut u8,
-    len: usize,
-    parallelism: usize,
-    knobs: Knobs,
-    registrable: Option<Arc<crate::engine::fixed::RegistrableMemory>>,
-) -> Result<Arc<OpPlan>> {
-    let direct = file.direct();
-    let mut slices = plan::plan_slices(file_offset, io_ptr, len, parallelism, direct, BUFFERED_FD_PLACEHOLDER);
-    if plan::needs_buffered(&slices) {
-        let fd = file.buffered_fd()?;
-        plan::patch_buffered_fd(&mut slices, fd);
-    }
-    let direct_knobs = match direct {
-        Some((_, a)) => Knobs { block_size: (knobs.block_size / a.offset).max(1) * a.offset, ..knobs },
-        None => knobs,
-    };
-    Ok(Arc::new(OpPlan {
-        direction,
-        path: file.path().map(|p| p.to_path_buf()),
-        caller_fd: file.caller_fd(),
-        slices,
-        knobs,
-        direct_knobs,
-        registrable,
-        file_identity: file.identity(),
-    }))
-}
-
-/// The file's identity for ordering ops: as the op's `statx` gave it, else
-/// from `fstat` (a file without O_DIRECT). A block device is named by the
-/// device it is.
-pub(super) fn order_identity(file: &OpenFile) -> Option<crate::file::FileIdentity> {
-    if let Some(id) = file.identity() {
-        return Some(id);
-    }
-    // SAFETY: fstat fills a zeroed struct for a descriptor the op holds.
-    let st = unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        (libc::fstat(file.any_fd(), &mut st) == 0).then_some(st)
-    }?;
-    let block_device = st.st_mode & libc::S_IFMT == libc::S_IFBLK;
-    let dev = if block_device { st.st_rdev } else { st.st_dev };
-    Some(crate::file::FileIdentity {
-        dev_major: libc::major(dev),
-        dev_minor: libc::minor(dev),
-        ino: if block_device { 0 } else { st.st_ino },
-        block_device,
-    })
 }
 
 impl From<CpuOp> for PreparedOp {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use crate::engine::fixed::RegistrableMemory;
 use crate::engine::{Engine, Knobs, Segment, StreamRun};
 use crate::error::{Direction, Error, Result, TransferError};
-use crate::file::{DioAlignment, FileIdentity};
+use crate::file::{DioAlignment, FileIdentity, OpenFile};
 use crate::op::work::{Footprint, OpWork};
 use crate::pinned::page_size;
 
@@ -245,6 +245,41 @@ pub(crate) fn patch_buffered_fd(slices: &mut [SlicePlan], fd: RawFd) {
     for seg in slices.iter_mut().flat_map(|s| s.buffered.iter_mut()) {
         seg.fd = fd;
     }
+}
+
+/// Plans an op's slices over `io_ptr` (opening the buffered descriptor
+/// when some bytes cannot go direct).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plan_op(
+    direction: Direction,
+    file: &mut OpenFile,
+    file_offset: u64,
+    io_ptr: *mut u8,
+    len: usize,
+    parallelism: usize,
+    knobs: Knobs,
+    registrable: Option<Arc<crate::engine::fixed::RegistrableMemory>>,
+) -> Result<Arc<OpPlan>> {
+    let direct = file.direct();
+    let mut slices = plan_slices(file_offset, io_ptr, len, parallelism, direct, BUFFERED_FD_PLACEHOLDER);
+    if needs_buffered(&slices) {
+        let fd = file.buffered_fd()?;
+        patch_buffered_fd(&mut slices, fd);
+    }
+    let direct_knobs = match direct {
+        Some((_, a)) => Knobs { block_size: (knobs.block_size / a.offset).max(1) * a.offset, ..knobs },
+        None => knobs,
+    };
+    Ok(Arc::new(OpPlan {
+        direction,
+        path: file.path().map(|p| p.to_path_buf()),
+        caller_fd: file.caller_fd(),
+        slices,
+        knobs,
+        direct_knobs,
+        registrable,
+        file_identity: file.identity(),
+    }))
 }
 
 #[cfg(test)]

@@ -14,10 +14,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::caller::{bytes, bytes_mut, CallerMemory};
-use super::checks::report_validation;
-use super::plan::OpPlan;
+use super::checks::{describe_op, report_validation};
+use super::plan::{plan_op, OpPlan};
 use super::work::OpFootprint;
-use super::{describe_op, order_identity, plan_op};
 use crate::bounce::{BounceBuffer, Purpose};
 use crate::buffer::Staging;
 use crate::engine::Knobs;
@@ -90,7 +89,7 @@ impl WindowedOp {
     /// The caller's bytes and the file bytes the op moves.
     pub fn footprint(&self) -> OpFootprint {
         let mut fp = OpFootprint::of_memory(self.caller.addr, self.caller.len, self.direction == Direction::Read);
-        fp.file = order_identity(&self.file).map(|id| (id, self.file_offset, self.file_offset + self.caller.len as u64));
+        fp.file = self.file.order_identity().map(|id| (id, self.file_offset, self.file_offset + self.caller.len as u64));
         fp
     }
 

@@ -263,3 +263,24 @@ def test_new_and_free_cpu_locked_tensor(handle):
         finally:
             assert handle.free_cpu_locked_tensor(t) is True
         assert handle.free_cpu_locked_tensor(t) is False
+
+
+@pytest.mark.parametrize("kind", ["plain", "locked"])
+def test_empty_tensors_move_nothing_and_count_as_deepspeed_does(aio, data_dir, kind):
+    """An empty tensor has no data pointer: its ops make no slice from it
+    (the core's debug build checks that) and return DeepSpeed's counts."""
+    path = str(data_dir / "empty.bin")
+    with open(path, "wb") as f:
+        f.write(b"x" * 4096)
+    h = aio.aio_handle(1 << 20, 8, False, True, 2)
+    if kind == "locked":
+        t = h.new_cpu_locked_tensor(0, torch.empty(0, dtype=torch.uint8))
+    else:
+        t = torch.empty(0, dtype=torch.uint8)
+    assert h.sync_pwrite(t, path) == 1
+    assert h.sync_pread(t, path) == 1
+    assert h.async_pwrite(t, path) == 0
+    assert h.async_pread(t, path) == 0
+    assert h.wait() == 2
+    with open(path, "rb") as f:
+        assert f.read() == b"x" * 4096, "an empty write changed the file"
