@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::pinned::{page_size, PageAlignedBuffer};
@@ -136,6 +136,12 @@ impl Drop for BounceBuffer {
         drop(pool);
         drop(buffer); // unmapped outside the lock
     }
+}
+
+/// The pool, held across `fork()` by the fork handler, so that no other
+/// thread is inside it at the fork and a child can take it (see `fork.rs`).
+pub(crate) fn lock_for_fork() -> crate::sync::MutexGuard<'static, Pool> {
+    POOL.lock()
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 
 use crate::buffer::{BufferDesc, IoBuffer, Location, Staging};
 use crate::config::HandleConfig;

@@ -400,8 +400,11 @@ fn default_bounce_max_mb() -> usize {
     (total_mb / 4).clamp(256, DEFAULT_BOUNCE_MAX_MB_CEILING)
 }
 
-/// The process's settings, read from the environment on first use.
+/// The process's settings, read from the environment on first use. (The
+/// way in to every process-wide state, so it installs the fork handlers:
+/// see `fork.rs`.)
 pub fn settings() -> &'static Settings {
+    crate::fork::install();
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
     SETTINGS.get_or_init(Settings::from_env)
 }

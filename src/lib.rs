@@ -71,6 +71,9 @@
 //!   transfers, `deepspeed_memcpy`).
 //! * `error`, `log`, `json`: errors that name file, offset and errno; stderr
 //!   lines that never panic; the JSON escaper for the cuFile config.
+//! * `sync`, `fork`: the crate's locks (std's, with parking_lot's API), and
+//!   the `fork()` handlers that make every process-wide lock safe for a
+//!   child and leave no registered memory for the kernel to copy into it.
 //! * `ffi` (feature `ffi`): the one cxx bridge to the C++ shims in `cpp/`:
 //!   conversion and error mapping only.
 //! * `python` (feature `python`): the pyo3 module `deepnvme._native`.
@@ -81,12 +84,14 @@ mod config;
 mod engine;
 mod error;
 mod file;
+mod fork;
 mod handle;
 mod interpreter;
 mod json;
 mod log;
 mod op;
 mod host_copy;
+mod sync;
 
 pub mod deepspeed;
 pub mod gds;

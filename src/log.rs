@@ -5,13 +5,14 @@
 //! No function here can panic: `println!`/`eprintln!` panic when the stream
 //! is a closed pipe (`python train.py | head`), which must never fail an I/O
 //! or unwind out of a worker. Write errors are ignored. Nothing here takes
-//! a lock that a fork() could leave held: lines go out with write(2).
+//! a lock that a fork() could leave held: lines go out with write(2), and
+//! the fork handler holds `info_once`'s across the fork (`fork.rs`).
 //!
 //! `DEEPNVME_LOG=quiet` silences informational lines (errors still print).
 
 use std::collections::HashSet;
 
-use parking_lot::Mutex;
+use crate::sync::{Mutex, MutexGuard};
 
 fn quiet() -> bool {
     crate::knobs::settings().quiet
@@ -46,9 +47,20 @@ pub fn info(msg: &str) {
     }
 }
 
+/// The keys `info_once` printed. Held across `fork()` by the fork handler
+/// (see `fork.rs`), so that a child can print too.
+static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// `SEEN`, held for the fork handler.
+pub(crate) type SeenHeld = MutexGuard<'static, Option<HashSet<String>>>;
+
+/// Takes `SEEN` for the fork handler.
+pub(crate) fn lock_for_fork() -> SeenHeld {
+    SEEN.lock()
+}
+
 /// An informational line printed at most once per process for `key`.
 pub fn info_once(key: &str, msg: &str) {
-    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
     let first = SEEN.lock().get_or_insert_with(HashSet::new).insert(key.to_string());
     if first {
         info(msg);

@@ -18,7 +18,7 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use crate::sync::{RwLock, RwLockWriteGuard};
 
 use crate::engine::fixed::RegistrableMemory;
 use crate::error::{last_errno, Error, Result};
@@ -289,8 +289,10 @@ impl PinnedMemoryManager {
         PinnedMemoryManager { regions: RwLock::new(Registry::new()) }
     }
 
-    /// The one manager of this process.
+    /// The one manager of this process. (The way in to it also installs
+    /// the fork handlers, which hold its lock across `fork()`: see `fork.rs`.)
     pub fn shared() -> &'static PinnedMemoryManager {
+        crate::fork::install();
         &SHARED
     }
 
@@ -371,6 +373,18 @@ impl PinnedMemoryManager {
         let mapped = regions.values().map(|r| r.mapped).sum();
         (regions.len(), requested, mapped)
     }
+}
+
+/// The process-wide manager's registry, held (for writing) across `fork()`
+/// by the fork handler, so that no other thread is inside it at the fork
+/// and a child can take it (see `fork.rs`).
+pub(crate) struct RegistryHeld {
+    _registry: RwLockWriteGuard<'static, Registry>,
+}
+
+/// Takes the process-wide manager's registry for the fork handler.
+pub(crate) fn lock_for_fork() -> RegistryHeld {
+    RegistryHeld { _registry: SHARED.regions.write() }
 }
 
 #[cfg(test)]

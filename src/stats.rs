@@ -155,7 +155,9 @@ static PROCESS: Counters = Counters::new();
 /// With [`crate::knobs::STATS_ENV`]`=1`, registers (once) a report of the
 /// process's statistics on stderr at exit. Called when a handle is made.
 pub(crate) fn report_at_exit_if_asked() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
+    // A flag, not a `Once`, so that nobody ever waits on it: a child of a
+    // fork() made while another thread was in here would wait forever.
+    static REGISTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !crate::knobs::settings().stats_at_exit {
         return;
     }
@@ -163,10 +165,10 @@ pub(crate) fn report_at_exit_if_asked() {
         // Nothing may unwind out of an atexit handler.
         let _ = std::panic::catch_unwind(|| crate::log::info(&format!("stats: {}", process())));
     }
-    // SAFETY: registers a plain function with no captured state.
-    ONCE.call_once(|| unsafe {
-        libc::atexit(report);
-    });
+    if !REGISTERED.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        // SAFETY: registers a plain function with no captured state.
+        unsafe { libc::atexit(report) };
+    }
 }
 
 /// The process-wide counters (every handle adds to them).

@@ -5,8 +5,9 @@
 //! the handle still alive and idle) and when the handle goes, never mixed up
 //! with a later allocation at the same address, unregistered around
 //! `fork()` (the child shares the pages instead of getting copies; a fork
-//! during a run waits for it; a child's own fork leaves the parent's rings
-//! alone; a closing ring lets go even while a child holds its descriptor),
+//! during a run waits for its in-flight requests; a child's own fork leaves
+//! the parent's rings alone; a closing ring lets go even while a child
+//! holds its descriptor),
 //! bounce buffers registered only once the pool keeps them, and that
 //! `DEEPNVME_FIXED_BUFFERS=0` (run in a child process) registers nothing.
 //!
@@ -21,12 +22,6 @@ use common::*;
 use deepnvme::{EngineKind, FileTarget, HandleConfig, IoHandle, LockedBuffer};
 
 const MIB: usize = 1 << 20;
-
-fn vm_pinned_bytes() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let line = status.lines().find(|l| l.starts_with("VmPin:")).expect("VmPin line");
-    line.split_whitespace().nth(1).expect("VmPin value").parse::<usize>().expect("VmPin number") * 1024
-}
 
 /// Waits up to 5 s for `VmPin` to come down to `at_most`; returns the last reading.
 fn vm_pinned_settles_to(at_most: usize) -> usize {
@@ -90,7 +85,8 @@ fn registered_memory_follows_the_lifetime_of_what_it_registers() {
     assert_bytes_eq(&back, &source, "locked read after fork, registered again");
     assert!(vm_pinned_bytes() >= baseline + len, "no registration after the fork");
 
-    // fork() while a run is in flight: the handler waits for it, never hangs.
+    // fork() while a run is in flight: the handler waits for its in-flight
+    // requests, never hangs (tests/core_fork.rs measures a long run).
     let pending = handle.submit_write(source, FileTarget::Path(&path), 0).expect("async write");
     // SAFETY: the child only exits.
     let pid = unsafe { libc::fork() };
@@ -206,19 +202,7 @@ fn region_is_shared_with_a_forked_child(addr: usize, len: usize) -> bool {
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork failed");
     if pid == 0 {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
-        let mut inside = false;
-        let mut shared_kb = 0usize;
-        for line in smaps.lines() {
-            let first = line.split_whitespace().next().unwrap_or("");
-            if let Some((lo, hi)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
-                let lo = usize::from_str_radix(lo, 16).unwrap_or(0);
-                let hi = usize::from_str_radix(hi, 16).unwrap_or(0);
-                inside = lo <= addr && addr < hi;
-            } else if inside && line.starts_with("Shared_Dirty:") {
-                shared_kb += line.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
-            }
-        }
+        let shared_kb = dirty_kib_of(addr, len).shared;
         // SAFETY: ends the child without running the parent's destructors.
         unsafe { libc::_exit(if shared_kb * 1024 >= len { 0 } else { 1 }) };
     }

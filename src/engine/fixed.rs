@@ -27,30 +27,35 @@
 //! `fork()`: the kernel copies pinned anonymous pages into a child at once
 //! (instead of sharing them copy-on-write), so a registration alive at fork
 //! would give every child (a DataLoader worker, say) its own copy of all the
-//! registered memory. A `pthread_atfork` prepare handler therefore waits
-//! (half a second at most in all) for each ring's current run to end (a run,
-//! or a stream of back-to-back ops, holds its ring's table lock from its
-//! first request to its last completion), unregisters every buffer and keeps the tables locked until
-//! the fork is done; rings register again, lazily, on their next run. A ring
-//! still busy at the deadline is left registered: its pages are copied into
-//! the child, which is slower, never wrong. This is why worker rings with
-//! fixed buffers are not `SINGLE_ISSUER`: the forking thread must be allowed
-//! to unregister.
+//! registered memory. The fork handler (`fork.rs`) therefore empties every
+//! ring's table first: a run over registrable memory holds its ring's table
+//! from its first request to its last completion, but while a fork is
+//! pending ([`fork_pending`]) it sends nothing more and, once its in-flight
+//! requests have completed, lets go of the table until the fork is done
+//! (`uring.rs`); the handler unregisters every buffer meanwhile, and nothing
+//! registers until the fork is done ([`FixedTable::index_for`]). Rings
+//! register again, lazily, on their next request. A ring whose table the
+//! handler cannot get in time (requests stuck in a dead device) is left
+//! registered: its pages are copied into the child, which is slower, never
+//! wrong. This is why worker rings with fixed buffers are not
+//! `SINGLE_ISSUER`: the forking thread must be allowed to unregister.
 //!
 //! Bounce buffers become registrable only once the pool keeps them for reuse
 //! (a buffer used for one op and unmapped would cost a registration per op).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, MutexGuard, Once, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use io_uring::IoUring;
-use parking_lot::Mutex;
 
 use crate::knobs;
+use crate::sync::{Mutex, MutexGuard};
+
+/// Whether a fork is pending (see `fork.rs`); streams start no further op.
+pub(crate) use crate::fork::fork_pending;
 
 /// Memory that io_uring rings may register. Dropped when the memory is
 /// unmapped (or later, by the last op that held it).
@@ -118,25 +123,17 @@ type Listeners = Vec<(u32, Weak<dyn RetireListener>)>;
 type Tables = Vec<(u32, Weak<Mutex<FixedTable>>)>;
 
 /// The listeners, each with the process it was added in: a child of
-/// `fork()` inherits the list, but not the workers behind it.
-///
-/// `LISTENERS` and `TABLES` are std mutexes, held by the fork handler across
-/// `fork()` and unlocked in the child: a futex unlock is an atomic and a
-/// syscall, where parking_lot's would go through its process-wide parking
-/// table, which another thread may have held at the fork.
-static LISTENERS: std::sync::Mutex<Listeners> = std::sync::Mutex::new(Vec::new());
+/// `fork()` inherits the list, but not the workers behind it. Held across
+/// `fork()` by the fork handler, like `TABLES` (see `fork.rs`).
+static LISTENERS: Mutex<Listeners> = Mutex::new(Vec::new());
 /// Every live table with the process whose ring it is, for the fork handler
 /// (outside the table's lock: a child may inherit a table locked for good).
-static TABLES: std::sync::Mutex<Tables> = std::sync::Mutex::new(Vec::new());
-
-fn lock<T>(mutex: &'static std::sync::Mutex<T>) -> MutexGuard<'static, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+static TABLES: Mutex<Tables> = Mutex::new(Vec::new());
 
 /// Adds a listener for as long as it lives.
 pub(crate) fn add_retire_listener(listener: Weak<dyn RetireListener>) {
     let pid = std::process::id();
-    let mut listeners = lock(&LISTENERS);
+    let mut listeners = LISTENERS.lock();
     listeners.retain(|(added_in, l)| *added_in == pid && l.strong_count() > 0);
     listeners.push((pid, listener));
 }
@@ -144,7 +141,7 @@ pub(crate) fn add_retire_listener(listener: Weak<dyn RetireListener>) {
 fn notify_retired() {
     let pid = std::process::id();
     let live: Vec<Arc<dyn RetireListener>> = {
-        let mut listeners = lock(&LISTENERS);
+        let mut listeners = LISTENERS.lock();
         listeners.retain(|(added_in, l)| *added_in == pid && l.strong_count() > 0);
         listeners.iter().filter_map(|(_, l)| l.upgrade()).collect()
     };
@@ -157,76 +154,38 @@ fn notify_retired() {
 /// `io_uring_register` opcode: drop the whole buffer table (kernel ABI, 5.1+).
 const IORING_UNREGISTER_BUFFERS: libc::c_uint = 1;
 
-/// How long `fork()` waits, in all, for busy rings to finish their runs.
-const FORK_WAIT: Duration = Duration::from_millis(500);
-
-/// Set while a `fork()` is waiting for the rings (`before_fork` to the
-/// after-fork handlers): a ring streaming ops starts no further op, so that
-/// its table is let go of once what it started has completed.
-static FORK_PENDING: AtomicBool = AtomicBool::new(false);
-
-/// Whether a `fork()` in this process is waiting for the rings.
-pub(crate) fn fork_pending() -> bool {
-    FORK_PENDING.load(Ordering::Acquire)
-}
-
-/// What the prepare handler holds until the fork is done (on the forking
-/// thread, which also runs the parent and child handlers).
-struct HeldForFork {
-    _listeners: MutexGuard<'static, Listeners>,
-    _tables: MutexGuard<'static, Tables>,
-    /// Tables locked and emptied for the fork (their guards forgotten).
-    emptied: Vec<Arc<Mutex<FixedTable>>>,
-}
-
-thread_local! {
-    static HELD_FOR_FORK: RefCell<Option<HeldForFork>> = const { RefCell::new(None) };
-}
-
-/// `pthread_atfork` prepare: holds the listener and table lists (so no other
-/// thread is inside them at the fork, and no ring is created in between),
-/// waits for each of this process's rings to end its run, empties its buffer
-/// table (so that no page is pinned when the address space is copied) and
-/// keeps it locked until the fork is done, so that no run registers anything
-/// in between.
-extern "C" fn before_fork() {
-    FORK_PENDING.store(true, Ordering::Release);
-    let listeners = lock(&LISTENERS);
-    let tables = lock(&TABLES);
-    // Only this process's rings: a child of an earlier fork inherited the
-    // parent's table list and ring descriptors, and unregistering through
-    // those would empty the parent's tables under its requests.
+/// For the fork handler (`fork.rs`): waits, until `deadline` at most, for
+/// each of this process's rings to let go of its table (a run over
+/// registered memory does once its in-flight requests have completed, a
+/// fork being pending), and unregisters all its buffers. Only this
+/// process's rings: a child of an earlier fork inherited the parent's table
+/// list and ring descriptors, and unregistering through those would empty
+/// the parent's tables under its requests. The tables are not held across
+/// the fork: nothing registers while it is pending.
+pub(crate) fn empty_tables_for_fork(deadline: Instant) {
     let pid = std::process::id();
-    let deadline = Instant::now() + FORK_WAIT;
-    let mut emptied = Vec::new();
-    for table in tables.iter().filter(|(owner, _)| *owner == pid).filter_map(|(_, t)| t.upgrade()) {
-        let Some(mut guard) = table.try_lock_until(deadline) else { continue };
-        guard.unregister_all();
-        // Unlocked by `after_fork_in_parent` (parking_lot's guards do not
-        // track their owner thread).
-        std::mem::forget(guard);
-        emptied.push(table);
+    let tables: Vec<Arc<Mutex<FixedTable>>> =
+        TABLES.lock().iter().filter(|(owner, _)| *owner == pid).filter_map(|(_, t)| t.upgrade()).collect();
+    for table in tables {
+        if let Some(mut table) = table.try_lock_until(deadline) {
+            table.unregister_all();
+        }
     }
-    HELD_FOR_FORK.with(|held| *held.borrow_mut() = Some(HeldForFork { _listeners: listeners, _tables: tables, emptied }));
 }
 
-/// `pthread_atfork` parent: unlocks what `before_fork` locked.
-extern "C" fn after_fork_in_parent() {
-    let Some(held) = HELD_FOR_FORK.with(|h| h.borrow_mut().take()) else { return };
-    for table in &held.emptied {
-        // SAFETY: `before_fork` locked it on this thread and forgot the guard.
-        unsafe { table.force_unlock() };
-    }
-    drop(held);
-    FORK_PENDING.store(false, Ordering::Release);
+/// The listener and table lists, held across `fork()` by the fork handler
+/// (so that no other thread is inside them at the fork, and a child's new
+/// handle can take them).
+pub(crate) struct ListsHeld {
+    _tables: MutexGuard<'static, Tables>,
+    _listeners: MutexGuard<'static, Listeners>,
 }
 
-/// `pthread_atfork` child: unlocks the lists. The parent's tables stay
-/// locked here: no thread of the child uses them (its handles make rings of
-/// their own), and unlocking them could wake waiters that do not exist.
-extern "C" fn after_fork_in_child() {
-    drop(HELD_FOR_FORK.with(|h| h.borrow_mut().take()));
-    FORK_PENDING.store(false, Ordering::Release);
+/// Takes the lists for the fork handler (`LISTENERS`, then `TABLES`).
+pub(crate) fn lock_lists_for_fork() -> ListsHeld {
+    let listeners = LISTENERS.lock();
+    let tables = TABLES.lock();
+    ListsHeld { _tables: tables, _listeners: listeners }
 }
 
 /// One registered slot of a ring's table.
@@ -276,18 +235,9 @@ impl FixedTable {
             refused: HashMap::new(),
             refusals: 0,
         }));
-        static HANDLERS: Once = Once::new();
-        HANDLERS.call_once(|| {
-            // SAFETY: registers three plain functions; they only take this
-            // module's locks and make io_uring_register calls.
-            let rc =
-                unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child)) };
-            if rc != 0 {
-                crate::log::info_once("fixed-buffers-atfork", "pthread_atfork failed; fork copies registered memory");
-            }
-        });
+        crate::fork::install();
         let pid = std::process::id();
-        let mut tables = lock(&TABLES);
+        let mut tables = TABLES.lock();
         tables.retain(|(owner, t)| *owner == pid && t.strong_count() > 0);
         tables.push((pid, Arc::downgrade(&table)));
         Some(table)
@@ -351,6 +301,11 @@ impl FixedTable {
             return Some(index as u16);
         }
         if self.refused.contains_key(&key) {
+            return None;
+        }
+        // The fork handler empties the tables while a fork is pending, and
+        // they must stay empty until the fork is done (see `fork.rs`).
+        if fork_pending() {
             return None;
         }
         if !self.ready {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 
 use super::{move_piece_blocking, pieces, Engine, EngineKind, Knobs, Piece, Segment};
 use crate::error::{Direction, TransferError};

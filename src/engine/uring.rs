@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring};
-use parking_lot::Mutex;
+use crate::sync::{Mutex, MutexGuard};
 
 use super::fixed::{FixedTable, RegistrableMemory};
 use super::{pieces, Engine, EngineKind, Knobs, Piece, PieceCursor, Segment, StreamSource, Submitter};
@@ -45,7 +45,8 @@ pub struct UringEngine {
     processed: usize,
     /// Registered memory (a worker's ring only; see `fixed.rs`), locked by
     /// each run over registrable memory from its first request to its last
-    /// completion.
+    /// completion (let go of meanwhile while a fork is pending, with nothing
+    /// in flight: see `fork.rs`).
     fixed: Option<Arc<Mutex<FixedTable>>>,
 }
 
@@ -230,21 +231,30 @@ impl Engine for UringEngine {
         // Only a run over registrable memory takes the table (a fork waits
         // for such runs only).
         let fixed = memory.and_then(|_| self.fixed.clone());
-        let mut table = fixed.as_ref().map(|t| t.lock());
-        if let Some(table) = table.as_deref_mut() {
-            table.start_run();
-        }
+        let mut table = fixed.as_deref().map(take_table);
         // Pieces longer than u32 cannot be one SQE; block sizes are ints anyway.
         let block = knobs.block_size.clamp(1, 1 << 30);
         let depth = knobs.queue_depth.clamp(1, self.capacity);
-        let mut todo = pieces(segments, block);
+        let mut todo = pieces(segments, block).peekable();
         let mut in_flight = 0usize;
         let mut first_error: Option<TransferError> = None;
         let mut completions = std::mem::take(&mut self.reaped);
 
         loop {
+            // A fork is waiting for the table (see `fork.rs`): send nothing
+            // more and, once what is in flight has completed, let the table
+            // go until the fork is done, then go on (registering again).
+            let yielding = table.is_some()
+                && crate::fork::fork_pending()
+                && first_error.is_none()
+                && todo.peek().is_some();
+            if yielding && in_flight == 0 {
+                drop(table.take());
+                table = fixed.as_deref().map(take_table);
+                continue;
+            }
             // Fill: in batch mode only when the previous batch is fully done.
-            let may_fill = first_error.is_none() && (knobs.overlap_events || in_flight == 0);
+            let may_fill = !yielding && first_error.is_none() && (knobs.overlap_events || in_flight == 0);
             if may_fill {
                 while in_flight < depth {
                     let Some(piece) = todo.next() else { break };
@@ -303,6 +313,15 @@ impl Engine for UringEngine {
             None => Ok(()),
         }
     }
+}
+
+/// Takes a ring's fixed-buffer table for a run (a new run of the table):
+/// when a fork is pending, once the fork is done (see `fork.rs`).
+fn take_table(table: &Mutex<FixedTable>) -> MutexGuard<'_, FixedTable> {
+    crate::fork::wait_while_forking();
+    let mut guard = table.lock();
+    guard.start_run();
+    guard
 }
 
 /// What a completion leaves of its piece.
@@ -387,11 +406,19 @@ impl UringEngine {
         // The fixed-buffer table is taken when the first run over
         // registrable memory starts, and held to the end of the stream.
         let fixed = self.fixed.clone();
-        let mut table: Option<parking_lot::MutexGuard<'_, FixedTable>> = None;
+        let mut table: Option<MutexGuard<'_, FixedTable>> = None;
         let mut completions = std::mem::take(&mut self.reaped);
         loop {
+            // A fork is waiting for the table: as in `run_with`.
+            let yielding =
+                table.is_some() && crate::fork::fork_pending() && active.iter().any(StreamedRun::sends_more);
+            if yielding && in_flight == 0 {
+                drop(table.take());
+                table = Some(take_table(fixed.as_deref().expect("a stream holding a table has one")));
+                continue;
+            }
             // Fill the free slots.
-            while in_flight < depth {
+            while !yielding && in_flight < depth {
                 let Some(index) = active.iter().position(StreamedRun::sends_more) else {
                     // Asked again after every wait: an op queued while the
                     // ring was busy starts in the slots its predecessors free.
@@ -406,9 +433,7 @@ impl UringEngine {
                                 // that any started run's requests name (some
                                 // perhaps pushed but not yet submitted) is
                                 // never given to other memory until it ends.
-                                let mut guard = fixed.as_ref().expect("fixed table").lock();
-                                guard.start_run();
-                                table = Some(guard);
+                                table = Some(take_table(fixed.as_deref().expect("fixed table")));
                             }
                             // Pieces longer than u32 cannot be one SQE.
                             let block = run.knobs.block_size.clamp(1, 1 << 30);

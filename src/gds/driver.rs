@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use crate::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use super::api::CuContext;
 use super::config::{ConfigDir, DriverKnobs, CUFILE_ENV_PATH_JSON};

@@ -147,7 +147,7 @@ impl RegionMap {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use parking_lot::Mutex;
+    use crate::sync::Mutex;
 
     /// Records calls; device = (ptr >> 40); fails where told to.
     #[derive(Default)]

@@ -223,6 +223,44 @@ pub fn vm_locked_bytes() -> usize {
     kb * 1024
 }
 
+/// VmPin of this process (`mm->pinned_vm`: pages pinned by io_uring buffer
+/// registration), in bytes.
+pub fn vm_pinned_bytes() -> usize {
+    let status = fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmPin:")).expect("VmPin line");
+    line.split_whitespace().nth(1).expect("VmPin value").parse::<usize>().expect("VmPin number") * 1024
+}
+
+/// Dirty pages of the mappings of this process that hold any of
+/// `[addr, addr + len)`, from /proc/self/smaps, in KiB.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DirtyKib {
+    /// Pages this process alone maps (after fork(): copies made for it).
+    pub private: usize,
+    /// Pages shared with another process (after fork(): copy-on-write).
+    pub shared: usize,
+}
+
+pub fn dirty_kib_of(addr: usize, len: usize) -> DirtyKib {
+    let smaps = fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let mut inside = false;
+    let mut dirty = DirtyKib::default();
+    let kib = |line: &str| line.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
+            let lo = usize::from_str_radix(lo, 16).unwrap_or(0);
+            let hi = usize::from_str_radix(hi, 16).unwrap_or(0);
+            inside = lo < addr + len && addr < hi;
+        } else if inside && line.starts_with("Private_Dirty:") {
+            dirty.private += kib(line);
+        } else if inside && line.starts_with("Shared_Dirty:") {
+            dirty.shared += kib(line);
+        }
+    }
+    dirty
+}
+
 /// Opens a file with raw flags (O_CLOEXEC added); panics on failure.
 pub fn open_fd(path: &Path, flags: i32) -> RawFd {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
