@@ -89,10 +89,13 @@ impl Staging for PyStaging {
 
     fn current_extent(&self) -> Option<(usize, usize)> {
         let extent = self.extent.as_ref()?;
-        // Asked with the GIL (inside `hold_still`). If the question cannot
-        // be answered, say the buffer moved: the op then fails instead of
-        // copying into memory it cannot vouch for.
-        let now = Python::try_attach(|py| extent.bind(py).call0().and_then(|r| r.extract::<(usize, usize)>()).ok());
+        // Asked with the GIL (inside `hold_still`), through the tensor's
+        // C methods only: Python code here would run pending signal handlers
+        // (a KeyboardInterrupt raised inside the check would read as a moved
+        // tensor, and be lost). If the question cannot be answered, say the
+        // buffer moved: the op then fails instead of copying into memory it
+        // cannot vouch for.
+        let now = Python::try_attach(|py| tensor_extent(extent.bind(py)));
         Some(now.flatten().unwrap_or((0, 0)))
     }
 
@@ -122,6 +125,23 @@ impl Staging for PyStaging {
             }
         }
     }
+}
+
+/// Where the bytes of the tensor held by a `_TensorExtent` are now: its
+/// storage's address plus its offset, and its bytes; (0, 0) when its
+/// storage is gone or cannot be asked.
+fn tensor_extent(extent: &Bound<'_, PyAny>) -> Option<(usize, usize)> {
+    let answer = (|| -> PyResult<(usize, usize)> {
+        let t = extent.getattr("tensor")?;
+        let base: usize = t.call_method0("untyped_storage")?.call_method0("data_ptr")?.extract()?;
+        let offset: usize = t.call_method0("storage_offset")?.extract()?;
+        let element: usize = t.call_method0("element_size")?.extract()?;
+        let numel: usize = t.call_method0("numel")?.extract()?;
+        Ok((if base == 0 { 0 } else { base + offset * element }, numel * element))
+    })();
+    // An error is a storage that went away (RuntimeError, NotImplementedError)
+    // or one that cannot be vouched for: either way, nothing is copied.
+    Some(answer.unwrap_or((0, 0)))
 }
 
 /// Describes `obj` for a call named `what`. `into`: the op writes into the
