@@ -33,12 +33,6 @@ pub(crate) struct Pool {
 /// it is held (the fork handler relies on that).
 pub(crate) static POOL: Mutex<Pool> = Mutex::new(Pool { idle: BTreeMap::new(), idle_bytes: 0, in_use: 0 });
 
-/// Bounce bytes in use now, process-wide (the tests read it).
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) fn bytes_in_use() -> usize {
-    POOL.lock().in_use
-}
-
 /// What a buffer is for: async snapshots are refused at the budget,
 /// windows of blocking ops are not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

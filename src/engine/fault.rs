@@ -24,3 +24,14 @@ pub(crate) fn after_completion() {
         None => {}
     });
 }
+
+/// Called by the psync engine when the calling thread's share of a run is
+/// done: a fault still armed fires now (its helper threads may have moved
+/// every piece, so its own completions never reached the count).
+pub(crate) fn at_run_end() {
+    PANIC_AFTER.with(|c| {
+        if c.take().is_some() {
+            panic!("injected panic at the end of the calling thread's share of a run (test)");
+        }
+    });
+}

@@ -1,0 +1,437 @@
+//! [`IoHandle`]: its parts, its construction and drop, and the Rust API
+//! (borrowed and owned buffers, statistics, GDS registration).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::sync::Mutex;
+
+use super::device::*;
+use super::latch::*;
+use super::owned::*;
+use super::workers::*;
+use crate::buffer::{BufferDesc, IoBuffer, Location};
+use crate::config::HandleConfig;
+use crate::engine::fixed::RetireListener;
+use crate::engine::psync::PsyncEngine;
+use crate::engine::{self, Engine, EngineKind, Submitter};
+use crate::error::{Direction, Error, Result};
+use crate::file::FileTarget;
+use crate::gds::GdsDriver;
+use crate::knobs;
+use crate::op::work::OpMeta;
+use crate::op::OpRequest;
+use crate::pinned::PinnedMemoryManager;
+use crate::stats::{self, Counters, OpRecord, Stats};
+
+/// A DeepNVMe I/O handle: `deepspeed_io_handle_t`, or with
+/// [`IoHandle::new_gds`], `deepspeed_gds_handle_t`.
+///
+/// ```
+/// use deepnvme::{FileTarget, HandleConfig, IoHandle};
+///
+/// let dir = std::env::temp_dir().join(format!("deepnvme-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let path = dir.join("handle.bin");
+/// let handle = IoHandle::new(HandleConfig { intra_op_parallelism: 2, ..HandleConfig::default() })?;
+///
+/// let data: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
+/// assert_eq!(handle.write_from(&data, FileTarget::Path(&path), 0)?, 1); // one op finished
+///
+/// let mut back = vec![0u8; data.len()];
+/// handle.read_into(&mut back, FileTarget::Path(&path), 0)?;
+/// assert_eq!(back, data);
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct IoHandle {
+    pub(super) config: HandleConfig,
+    pub(super) engine_kind: EngineKind,
+    pub(super) workers: Vec<Worker>,
+    pub(super) pending: Mutex<VecDeque<Arc<InFlight>>>,
+    /// Serialises blocking calls and `wait()` (DeepSpeed's handle mutex).
+    pub(super) serial: Mutex<()>,
+    /// Engine of the ops that run on the calling thread (small blocking
+    /// ops, `read`/`write`) with more than one request per slice; None only
+    /// after it broke, until the next such op makes a new one.
+    pub(super) inline_engine: Mutex<Option<Box<dyn Engine>>>,
+    /// Engine of the calling thread's ops of one request per slice: a
+    /// pread/pwrite each (see [`IoHandle::run_on_inline_engine`]). Depth 1:
+    /// it never starts a thread.
+    pub(super) one_request_engine: Mutex<PsyncEngine>,
+    pub(super) manager: &'static PinnedMemoryManager,
+    pub(super) device_route: DeviceRoute,
+    /// What this handle did (the process-wide counters get the same records).
+    pub(super) counters: Counters,
+    pub(super) stream_tally: Arc<StreamTally>,
+    /// The process that created the handle. A child made by fork() inherits
+    /// the handle but not its worker threads (and shares its rings with the
+    /// parent), so every entry point refuses to run in another process.
+    pub(super) creator_pid: u32,
+}
+
+pub(super) fn resolve_engine(config: &HandleConfig) -> Result<EngineKind> {
+    match config.engine {
+        Some(EngineKind::Uring) => {
+            engine::io_uring_status()
+                .map_err(|why| Error::Engine(format!("io_uring is unavailable: {why}")))?;
+            Ok(EngineKind::Uring)
+        }
+        Some(k) => Ok(k),
+        None => engine::default_kind(),
+    }
+}
+
+impl IoHandle {
+    /// The channels to the workers still running.
+    pub(super) fn worker_senders(&self) -> Vec<Arc<mpsc::Sender<WorkerMsg>>> {
+        self.workers.iter().filter_map(|w| w.jobs.clone()).collect()
+    }
+
+    /// An aio handle: `intra_op_parallelism` workers, each with its engine.
+    pub fn new(config: HandleConfig) -> Result<IoHandle> {
+        Self::build(config, DeviceRoute::Bounce)
+    }
+
+    /// A GDS handle (`deepspeed_gds_handle_t`): contiguous CUDA buffers go
+    /// through cuFile with `intra_op_parallelism` threads; everything else
+    /// takes the CPU path on one worker, as in DeepSpeed. Without GPUDirect
+    /// Storage this fails naming what is missing, unless
+    /// [`knobs::GDS_CPU_ONLY_ENV`]`=1`, which makes a handle that serves
+    /// CPU buffers only. May block (cuFile driver open).
+    pub fn new_gds(config: HandleConfig) -> Result<IoHandle> {
+        config.validate()?;
+        let cpu_config = HandleConfig {
+            intra_op_parallelism: 1,
+            ..config.clone()
+        };
+        if let Err(why) = crate::gds::probe() {
+            let why = why.to_string();
+            if !knobs::settings().gds_cpu_only {
+                return Err(crate::gds::unavailable(format!(
+                    "gds_handle cannot be created: {why} (set {}=1 for a handle that serves CPU tensors only)",
+                    knobs::GDS_CPU_ONLY_ENV
+                )));
+            }
+            crate::log::info_once(
+                "gds-cpu-only",
+                &format!(
+                    "gds_handle without GPUDirect Storage ({why}); {}=1, so it serves CPU tensors only",
+                    knobs::GDS_CPU_ONLY_ENV
+                ),
+            );
+            return Self::build(cpu_config, DeviceRoute::GdsUnavailable(why));
+        }
+        let driver = GdsDriver::acquire(
+            config.queue_depth,
+            config.intra_op_parallelism,
+            config.block_size,
+        )?;
+        let gds = GdsHalf {
+            driver: Arc::new(driver),
+            parallelism: config.intra_op_parallelism,
+            block_size: config.block_size,
+        };
+        Self::build(cpu_config, DeviceRoute::Gds(gds))
+    }
+
+    pub(super) fn build(config: HandleConfig, device_route: DeviceRoute) -> Result<IoHandle> {
+        config.validate()?;
+        stats::report_at_exit_if_asked();
+        let engine_kind = resolve_engine(&config)?;
+        let mut workers = Vec::with_capacity(config.intra_op_parallelism);
+        let stream_tally = Arc::new(StreamTally::default());
+        let (ready_tx, ready_rx) = mpsc::channel::<()>();
+        for index in 0..config.intra_op_parallelism {
+            let (tx, rx) = mpsc::channel::<WorkerMsg>();
+            let qd = config.queue_depth;
+            let tally = stream_tally.clone();
+            let ready = ready_tx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("deepnvme-io-{index}"))
+                .spawn(move || worker_loop(engine_kind, qd, rx, tally, ready))
+                .map_err(|e| Error::Engine(format!("spawning I/O worker {index}: {e}")))?;
+            let tx = Arc::new(tx);
+            if engine_kind == EngineKind::Uring {
+                let listener: Arc<dyn RetireListener> = tx.clone();
+                crate::engine::fixed::add_retire_listener(Arc::downgrade(&listener));
+            }
+            workers.push(Worker {
+                jobs: Some(tx),
+                thread: Some(thread),
+            });
+        }
+        // Every worker has made its engine (its ring, its fds) before the
+        // handle is handed out: what a new handle holds is then fixed when
+        // `new` returns, not some moment later (a caller that counts its
+        // descriptors, or forks, sees all of them), and a ring that cannot
+        // be made is logged here. A worker that died first drops its sender.
+        drop(ready_tx);
+        for index in 0..workers.len() {
+            if ready_rx.recv().is_err() {
+                return Err(Error::Engine(format!(
+                    "I/O worker {index} of {} ended while starting",
+                    workers.len()
+                )));
+            }
+        }
+        // Made now, like the workers' rings, so that a handle holds the same
+        // descriptors from `new` to drop (not one more after its first
+        // blocking op of more than one block).
+        let inline_engine = worker_engine(engine_kind, config.queue_depth, Submitter::AnyThread);
+        Ok(IoHandle {
+            config,
+            engine_kind,
+            workers,
+            pending: Mutex::new(VecDeque::new()),
+            serial: Mutex::new(()),
+            inline_engine: Mutex::new(Some(inline_engine)),
+            one_request_engine: Mutex::new(PsyncEngine::new(1)),
+            manager: PinnedMemoryManager::shared(),
+            device_route,
+            counters: Counters::new(),
+            stream_tally,
+            creator_pid: std::process::id(),
+        })
+    }
+
+    /// True in a child made by fork() after the handle was created.
+    pub(super) fn forked(&self) -> bool {
+        std::process::id() != self.creator_pid
+    }
+
+    /// Refuses at once in a process other than the one that made the handle:
+    /// its workers do not exist there, so a call would wait forever.
+    pub(super) fn check_process(&self) -> Result<()> {
+        if self.forked() {
+            return Err(Error::Engine(format!(
+                "this handle was created in process {} and cannot be used in process {} after fork(): \
+                 its I/O threads do not exist in the child; create a new handle in the child",
+                self.creator_pid,
+                std::process::id()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The knobs the CPU path runs with (a GDS handle's CPU path has one worker).
+    pub fn config(&self) -> &HandleConfig {
+        &self.config
+    }
+
+    pub fn engine_kind(&self) -> EngineKind {
+        self.engine_kind
+    }
+
+    /// The pinned-memory manager this handle recognises (the process's).
+    pub fn manager(&self) -> &'static PinnedMemoryManager {
+        self.manager
+    }
+
+    /// `handle.is_pinned(buffer)`: declared pinned, or inside a managed region.
+    pub fn is_pinned(&self, buffer: &BufferDesc) -> bool {
+        buffer.is_host()
+            && (buffer.is_declared_pinned() || self.manager.is_managed(buffer.ptr(), buffer.len()))
+    }
+
+    /// Number of ops submitted and not yet finished by `wait()`.
+    pub fn pending_ops(&self) -> usize {
+        self.pending.lock().len()
+    }
+
+    /// A blocking parallel read of `buffer.len()` bytes at `file_offset`;
+    /// returns how many ops finished (this one and any earlier async ones).
+    pub fn read_into(
+        &self,
+        buffer: &mut [u8],
+        target: FileTarget<'_>,
+        file_offset: u64,
+    ) -> Result<usize> {
+        // SAFETY: the borrow outlives this blocking call, which returns only
+        // after every pending op (this one included) has finished.
+        let desc = unsafe { BufferDesc::from_raw_parts(buffer.as_mut_ptr(), buffer.len()) };
+        self.submit(
+            OpRequest::new(Direction::Read, target, offset_arg(file_offset)?, desc),
+            false,
+        )
+    }
+
+    /// A blocking parallel write of `buffer` at `file_offset`; returns how
+    /// many ops finished (this one and any earlier async ones).
+    pub fn write_from(
+        &self,
+        buffer: &[u8],
+        target: FileTarget<'_>,
+        file_offset: u64,
+    ) -> Result<usize> {
+        // SAFETY: as in `read_into`; a write only reads the memory.
+        let desc = unsafe { BufferDesc::from_raw_parts(buffer.as_ptr() as *mut u8, buffer.len()) };
+        self.submit(
+            OpRequest::new(Direction::Write, target, offset_arg(file_offset)?, desc),
+            false,
+        )
+    }
+
+    /// An async parallel read into `buffer`, which the op owns until `wait()`
+    /// finishes it; [`Pending::take`] then gives it back. On an error the
+    /// buffer is dropped.
+    pub fn submit_read<B: IoBuffer>(
+        &self,
+        buffer: B,
+        target: FileTarget<'_>,
+        file_offset: u64,
+    ) -> Result<Pending<B>> {
+        self.submit_owned(Direction::Read, buffer, target, file_offset)
+    }
+
+    /// An async parallel write of `buffer` (owned by the op until `wait()`
+    /// finishes it, then given back by [`Pending::take`]).
+    pub fn submit_write<B: IoBuffer>(
+        &self,
+        buffer: B,
+        target: FileTarget<'_>,
+        file_offset: u64,
+    ) -> Result<Pending<B>> {
+        self.submit_owned(Direction::Write, buffer, target, file_offset)
+    }
+
+    pub(super) fn submit_owned<B: IoBuffer>(
+        &self,
+        direction: Direction,
+        mut buffer: B,
+        target: FileTarget<'_>,
+        file_offset: u64,
+    ) -> Result<Pending<B>> {
+        let desc = buffer.io_desc();
+        let slot = Arc::new(Mutex::new(None));
+        let hold = OwnedStaging {
+            buffer: Some(buffer),
+            desc,
+            slot: slot.clone(),
+        };
+        let request = OpRequest {
+            direction,
+            target,
+            file_offset: offset_arg(file_offset)?,
+            buffer: desc,
+            staging: Some(Box::new(hold)),
+            validate: false,
+        };
+        self.submit(request, true)?;
+        Ok(Pending { slot })
+    }
+
+    pub(super) fn record(&self, meta: OpMeta, ok: bool, started: Instant) {
+        let record = OpRecord {
+            direction: meta.direction,
+            bytes: meta.bytes,
+            bounced_bytes: meta.bounced_bytes,
+            ok,
+            latency: started.elapsed(),
+        };
+        self.counters.record(&record);
+        stats::process_counters().record(&record);
+    }
+
+    /// How its workers streamed ops: (runs started while an earlier one was
+    /// unfinished, slices held back to keep the order of ops on the same
+    /// bytes).
+    #[cfg_attr(not(test), allow(dead_code))] // read by the internal tests
+    pub(crate) fn stream_counts(&self) -> (u64, u64) {
+        (
+            self.stream_tally.overlapped.load(Ordering::Relaxed),
+            self.stream_tally.held_for_order.load(Ordering::Relaxed),
+        )
+    }
+
+    /// What this handle did so far: ops, bytes, bounced bytes, failures,
+    /// latency (see [`crate::stats`]).
+    pub fn stats(&self) -> Stats {
+        self.counters.snapshot()
+    }
+
+    /// GDS handles: registers a CUDA buffer with cuFile
+    /// (`pin_device_tensor`), so transfers into any part of it avoid
+    /// cuFile's bounce buffers. May block.
+    pub fn register_device_buffer(&self, buffer: &BufferDesc) -> Result<()> {
+        self.check_process()?;
+        let gds = self.gds_half()?;
+        if !matches!(buffer.location(), Location::Cuda(_)) || buffer.ptr().is_null() {
+            return Err(Error::InvalidArgument(
+                "pin_device_tensor takes a CUDA tensor".into(),
+            ));
+        }
+        gds.driver
+            .register_device_buffer(buffer.ptr() as u64, buffer.len())
+    }
+
+    /// GDS handles: deregisters the region based at `base`
+    /// (`unpin_device_tensor`); `Ok(false)` when none was registered there.
+    pub fn deregister_device_buffer(&self, base: *const u8) -> Result<bool> {
+        self.check_process()?;
+        let gds = self.gds_half()?;
+        if base.is_null() {
+            return Ok(false);
+        }
+        gds.driver.deregister_device_buffer(base as u64)
+    }
+
+    pub(super) fn gds_half(&self) -> Result<&GdsHalf> {
+        match &self.device_route {
+            DeviceRoute::Gds(g) => Ok(g),
+            DeviceRoute::GdsUnavailable(why) => Err(crate::gds::unavailable(format!(
+                "this gds_handle has no GPUDirect Storage: {why}"
+            ))),
+            DeviceRoute::Bounce => Err(crate::gds::unavailable(
+                "device tensors can only be registered through a gds_handle".into(),
+            )),
+        }
+    }
+}
+
+/// File offsets are `i64` in DeepSpeed's API; the safe calls take `u64`.
+pub(super) fn offset_arg(file_offset: u64) -> Result<i64> {
+    i64::try_from(file_offset).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "file_offset {file_offset} is beyond the largest file offset"
+        ))
+    })
+}
+
+impl Drop for IoHandle {
+    fn drop(&mut self) {
+        if self.forked() {
+            // A child of fork(): the workers are threads of the parent, so
+            // joining them would wait forever, and the rings, the pending
+            // ops and the GDS driver belong to the parent. Leak all of it
+            // (memory only); the parent's handle is untouched.
+            std::mem::forget(std::mem::take(&mut self.workers));
+            std::mem::forget(std::mem::take(self.pending.get_mut()));
+            std::mem::forget(self.inline_engine.get_mut().take());
+            std::mem::forget(std::mem::replace(
+                &mut self.device_route,
+                DeviceRoute::Bounce,
+            ));
+            return;
+        }
+        // Finish what is in flight: the kernel may still be using the buffers.
+        if self.pending_ops() > 0 {
+            if let Err(e) = self.wait() {
+                crate::log::error(&format!(
+                    "handle dropped with ops in flight; finishing them failed: {e}"
+                ));
+            }
+        }
+        for w in &mut self.workers {
+            w.jobs.take();
+        }
+        for w in &mut self.workers {
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}

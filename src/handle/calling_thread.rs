@@ -1,0 +1,220 @@
+//! Ops on the calling thread: DeepSpeed's `read`/`write`, small
+//! blocking ops, and one-shot transfers without a handle.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::api::*;
+use super::windowed::*;
+use super::workers::*;
+use crate::config::HandleConfig;
+use crate::engine::{Engine, EngineKind, Submitter};
+use crate::error::{panic_text, Error, Result};
+use crate::op::window::{ChunkRunner, Windowed, WindowedOp};
+use crate::op::work::{OpCompletion, OpWork};
+use crate::op::{CpuOp, Mode, OpRequest, Prepared};
+use crate::pinned::PinnedMemoryManager;
+use crate::stats::{self, OpRecord};
+
+impl IoHandle {
+    /// `read`/`write`: one synchronous, unsplit transfer on the calling
+    /// thread (always through the CPU path, bouncing device memory). It
+    /// takes effect after the pending ops it shares memory or file bytes with.
+    pub fn transfer_inline(&self, request: OpRequest<'_>) -> Result<()> {
+        self.check_process()?;
+        self.waiting(|| {
+            self.settle_memory_conflicts(&request);
+            let started = Instant::now();
+            match CpuOp::prepare(
+                request,
+                1,
+                self.config.transfer_knobs(),
+                self.manager,
+                Mode::Blocking,
+            )? {
+                Prepared::Op(mut op) => {
+                    let meta = op.meta();
+                    if let Some(mine) = meta.footprint {
+                        for earlier in self.pending_matching(|fp| fp.conflicts(&mine)) {
+                            match earlier.meta.settle_on_conflict {
+                                true => earlier.settle(),
+                                false => _ = earlier.until_slices_done(),
+                            }
+                        }
+                    }
+                    let plan = op.plan().clone();
+                    let outcome = self.run_on_inline_engine(plan.as_ref(), meta.bytes);
+                    let result = op.finish(outcome);
+                    self.record(meta, result.is_ok(), started);
+                    result
+                }
+                Prepared::Windowed(op) => {
+                    let meta = windowed_meta(&op);
+                    let mine = op.footprint();
+                    for earlier in self.pending_matching(|fp| fp.conflicts(&mine)) {
+                        match earlier.meta.settle_on_conflict {
+                            true => earlier.settle(),
+                            false => _ = earlier.until_slices_done(),
+                        }
+                    }
+                    let mut slot = self.inline_engine.lock();
+                    let engine = slot.get_or_insert_with(|| {
+                        worker_engine(
+                            self.engine_kind,
+                            self.config.queue_depth,
+                            Submitter::AnyThread,
+                        )
+                    });
+                    let outcome = run_windowed_inline(op, engine.as_mut());
+                    if engine.is_broken() {
+                        *slot = None;
+                    }
+                    self.record(meta, outcome.is_ok(), started);
+                    outcome
+                }
+            }
+        })
+    }
+
+    /// Runs every slice of `work` (an op of `bytes`) on the calling thread.
+    /// An op of at most one block has one request per slice: a
+    /// pread/pwrite is one syscall that sleeps until the data is there,
+    /// where an io_uring round trip adds a completion wake-up and a reap.
+    /// Larger ops use the handle's inline engine (made in `new`, replaced
+    /// once it cannot be trusted).
+    pub(super) fn run_on_inline_engine(&self, work: &dyn OpWork, bytes: u64) -> Result<()> {
+        if bytes <= self.config.block_size as u64 {
+            return run_guarded(work, &mut *self.one_request_engine.lock());
+        }
+        let mut slot = self.inline_engine.lock();
+        let engine = slot.get_or_insert_with(|| {
+            worker_engine(
+                self.engine_kind,
+                self.config.queue_depth,
+                Submitter::AnyThread,
+            )
+        });
+        let outcome = run_guarded(work, engine.as_mut());
+        if engine.is_broken() {
+            *slot = None;
+        }
+        outcome
+    }
+
+    /// One unsplit synchronous transfer on the calling thread with `config`'s
+    /// knobs, without a handle (DeepSpeed's `aio_read`/`aio_write`): no
+    /// worker threads are started; the engine is kept per calling thread and
+    /// reused by its next call.
+    pub fn transfer_once(config: &HandleConfig, request: OpRequest<'_>) -> Result<()> {
+        config.validate()?;
+        let kind = resolve_engine(config)?;
+        let started = Instant::now();
+        let manager = PinnedMemoryManager::shared();
+        let (meta, result) =
+            match CpuOp::prepare(request, 1, config.transfer_knobs(), manager, Mode::Blocking)? {
+                Prepared::Op(mut op) => {
+                    let meta = op.meta();
+                    let plan = op.plan().clone();
+                    let outcome = with_thread_engine(kind, config.queue_depth, |engine| {
+                        run_guarded(plan.as_ref(), engine)
+                    });
+                    (meta, op.finish(outcome))
+                }
+                Prepared::Windowed(op) => {
+                    let meta = windowed_meta(&op);
+                    let outcome = with_thread_engine(kind, config.queue_depth, |engine| {
+                        run_windowed_inline(op, engine)
+                    });
+                    (meta, outcome)
+                }
+            };
+        stats::process_counters().record_wait(started.elapsed());
+        stats::process_counters().record(&OpRecord {
+            direction: meta.direction,
+            bytes: meta.bytes,
+            bounced_bytes: meta.bounced_bytes,
+            ok: result.is_ok(),
+            latency: started.elapsed(),
+        });
+        result
+    }
+}
+
+/// A windowed op's chunks on the calling thread's engine, one at a time.
+pub(super) struct InlineChunks<'a> {
+    pub(super) engine: &'a mut dyn Engine,
+    pub(super) last: Option<Result<()>>,
+}
+
+impl ChunkRunner for InlineChunks<'_> {
+    fn depth(&self) -> usize {
+        1
+    }
+    fn start(&mut self, plan: Arc<crate::op::plan::OpPlan>) -> Result<()> {
+        self.last = Some(run_guarded(plan.as_ref(), self.engine));
+        Ok(())
+    }
+    fn finish_oldest(&mut self) -> Result<()> {
+        self.last.take().unwrap_or(Ok(()))
+    }
+}
+
+/// Runs a windowed op on the calling thread's engine (never interrupted).
+pub(super) fn run_windowed_inline(op: WindowedOp, engine: &mut dyn Engine) -> Result<()> {
+    match op.start(InlineChunks { engine, last: None }, &mut || Ok(())) {
+        Windowed::Done(outcome) => outcome,
+        Windowed::Suspended(suspended) => suspended.resume(),
+    }
+}
+
+/// Runs an op's slices in order on the calling thread, stopping at the
+/// first error. A panic fails the op, after the engine has stopped moving
+/// its bytes (a ring is then marked broken, and replaced by its owner).
+pub(super) fn run_guarded(work: &dyn OpWork, engine: &mut dyn Engine) -> Result<()> {
+    for slice in 0..work.slice_count() {
+        match catch_unwind(AssertUnwindSafe(|| work.run_slice(slice, engine))) {
+            Ok(outcome) => outcome?,
+            Err(payload) => {
+                let _ = catch_unwind(AssertUnwindSafe(|| engine.quiesce()));
+                return Err(Error::Engine(format!(
+                    "internal error (panic) in a transfer: {}",
+                    panic_text(&*payload)
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The calling thread's engine for one-shot transfers: (process, kind, queue
+/// depth, engine). A different kind or depth replaces it; so does a fork
+/// (the child's thread would share the parent's ring: it is leaked, never
+/// used, never torn down in the child).
+pub(super) type ThreadEngine = Option<(u32, EngineKind, usize, Box<dyn Engine>)>;
+
+thread_local! {
+    static THREAD_ENGINE: std::cell::RefCell<ThreadEngine> = const { std::cell::RefCell::new(None) };
+}
+
+pub(super) fn with_thread_engine<T>(
+    kind: EngineKind,
+    queue_depth: usize,
+    f: impl FnOnce(&mut dyn Engine) -> T,
+) -> T {
+    let pid = std::process::id();
+    THREAD_ENGINE.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let reusable = matches!(&*slot, Some((p, k, q, e)) if *p == pid && *k == kind && *q == queue_depth && !e.is_broken());
+        if !reusable {
+            if let Some((p, _, _, engine)) = slot.take() {
+                if p != pid {
+                    std::mem::forget(engine);
+                }
+            }
+            *slot = Some((pid, kind, queue_depth, worker_engine(kind, queue_depth, Submitter::AnyThread)));
+        }
+        let (_, _, _, engine) = slot.as_mut().expect("thread engine");
+        f(engine.as_mut())
+    })
+}

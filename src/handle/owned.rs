@@ -1,0 +1,69 @@
+//! The Rust API's owned buffers: an async op owns its buffer until it is
+//! finished, then [`Pending`] gives it back.
+
+use std::sync::Arc;
+
+use crate::sync::Mutex;
+
+use crate::buffer::{BufferDesc, IoBuffer, Staging};
+use crate::error::Result;
+
+/// An async op's buffer, handed back once the op is finished.
+///
+/// ```
+/// use deepnvme::{FileTarget, IoHandle, HandleConfig, LockedBuffer};
+///
+/// # let dir = std::env::temp_dir().join(format!("deepnvme-doc-pending-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// # let path = dir.join("pending.bin");
+/// let handle = IoHandle::new(HandleConfig::default())?;
+/// let mut buf = LockedBuffer::new(1 << 20)?;   // page-locked: no bounce copy
+/// buf.fill(7);
+/// let pending = handle.submit_write(buf, FileTarget::Path(&path), 0)?;
+/// assert!(pending.take().is_none());            // in flight: the op owns it
+/// assert_eq!(handle.wait()?, 1);
+/// let buf = pending.take().expect("finished ops give their buffer back");
+/// assert_eq!(buf[0], 7);
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Pending<B> {
+    pub(super) slot: Arc<Mutex<Option<B>>>,
+}
+
+impl<B> Pending<B> {
+    /// The buffer, once `wait()` (or dropping the handle) finished its op;
+    /// `None` before that, or when it was already taken.
+    pub fn take(&self) -> Option<B> {
+        self.slot.lock().take()
+    }
+}
+
+/// The op's hold on an owned buffer: copies for a bounce, and on drop (when
+/// the op is finished) hands the buffer to its [`Pending`].
+pub(super) struct OwnedStaging<B: IoBuffer> {
+    pub(super) buffer: Option<B>,
+    pub(super) desc: BufferDesc,
+    pub(super) slot: Arc<Mutex<Option<B>>>,
+}
+
+impl<B: IoBuffer> Staging for OwnedStaging<B> {
+    fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> Result<()> {
+        let n = self.desc.len().min(bounce.len());
+        // SAFETY: the op owns the buffer, whose memory `desc` describes.
+        unsafe { std::ptr::copy_nonoverlapping(self.desc.ptr(), bounce.as_mut_ptr(), n) };
+        Ok(())
+    }
+    fn copy_from_bounce(&mut self, bounce: &[u8]) -> Result<()> {
+        let n = self.desc.len().min(bounce.len());
+        // SAFETY: as above; nothing else can reach the buffer now.
+        unsafe { std::ptr::copy_nonoverlapping(bounce.as_ptr(), self.desc.ptr(), n) };
+        Ok(())
+    }
+}
+
+impl<B: IoBuffer> Drop for OwnedStaging<B> {
+    fn drop(&mut self) {
+        *self.slot.lock() = self.buffer.take();
+    }
+}
