@@ -71,3 +71,54 @@ def test_an_unchanged_tensor_is_not_reported(aio, data_dir):
     assert h.async_pwrite(t, path, 0) == 0
     t.add_(1)  # in place: same storage
     assert h.wait() == 1
+
+
+WAIT_ELSEWHERE = r"""
+import os, sys, threading
+import torch
+from deepspeed.ops.op_builder import AsyncIOBuilder
+
+path, rounds = sys.argv[1], int(sys.argv[2])
+aio = AsyncIOBuilder().load()
+h = aio.aio_handle(1 << 20, 8, False, True, 2)
+n = os.path.getsize(path)
+want = torch.from_file(path, shared=False, size=n, dtype=torch.uint8)
+outcomes = {"copied": 0, "refused": 0}
+for r in range(rounds):
+    t = torch.zeros(n, dtype=torch.uint8)  # plain: bounced
+    assert h.async_pread(t, path, 0) == 0
+    errors = []
+    def waiter():
+        try:
+            h.wait()
+            outcomes["copied"] += 1
+        except RuntimeError as e:
+            assert "storage replaced" in str(e), e
+            outcomes["refused"] += 1
+    w = threading.Thread(target=waiter)
+    w.start()
+    # The submitting thread frees and moves the tensor's bytes while another
+    # thread's wait() finishes its read: the copy must land in the memory the
+    # op was given, checked under the GIL, or not at all.
+    t.resize_(2 * n)
+    t.fill_(1)
+    w.join()
+    if t.numel() == n:  # (never: resize_ grew it)
+        assert torch.equal(t, want)
+print("OK", outcomes["copied"], outcomes["refused"], flush=True)
+"""
+
+
+def test_a_wait_in_another_thread_never_copies_into_freed_memory(data_dir):
+    """Thread A submits a bounced read into a plain tensor; thread B's
+    wait() finishes it while A resizes the tensor (freeing its bytes). The
+    copy happens under the GIL after checking where the bytes are, so it
+    either lands in the memory the op was given (A's resize came later) or is
+    refused naming the swap; it never writes into freed memory (a SIGSEGV or
+    heap corruption before: the gate of an op was opened by any thread's
+    wait())."""
+    from _util import run_python
+    path = str(data_dir / "src.bin")
+    write_file(path, pattern(32 * MiB, 9))
+    proc = run_python(WAIT_ELSEWHERE.replace("sys.argv[1], int(sys.argv[2])", f"{path!r}, 40"), timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
