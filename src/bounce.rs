@@ -10,7 +10,7 @@
 //!   [`crate::knobs::Settings::bounce_max_bytes`]: an async op that would
 //!   pass it fails, naming [`crate::knobs::BOUNCE_MAX_MB_ENV`]. Blocking ops
 //!   stream through a few windows of bounded size (`op/window.rs`), which
-//!   always get their memory: at most [`crate::knobs::BOUNCE_WINDOWS`]
+//!   always get their memory: at most [`crate::knobs::BOUNCE_WINDOWS_MAX`]
 //!   windows per blocking call in progress.
 
 use std::collections::BTreeMap;

@@ -88,13 +88,18 @@ pub const BOUNCE_MAX_MB_ENV: &str = "DEEPNVME_BOUNCE_MAX_MB";
 /// Default of [`BOUNCE_MAX_MB_ENV`]: a quarter of the machine's memory, at
 /// most this many MiB.
 pub const DEFAULT_BOUNCE_MAX_MB_CEILING: usize = 16 << 10;
-/// Windows a blocking op on bounced memory streams through: the I/O of two
-/// runs while the caller's bytes of the third are copied.
-pub const BOUNCE_WINDOWS: usize = 3;
-/// The bounds of one window: the handle's queue (parallelism x depth x
-/// block) clamped to these, so a window keeps every ring busy.
-pub const BOUNCE_WINDOW_MIN: usize = 8 << 20;
-pub const BOUNCE_WINDOW_MAX: usize = 128 << 20;
+/// One bounce window of a blocking op on bounced memory (at least a block
+/// per worker): small, so that its bytes are copied while the device's
+/// writes into it are still in the CPU's cache.
+pub const BOUNCE_WINDOW_BYTES: usize = 4 << 20;
+/// The windows such an op streams through: enough to keep the handle's
+/// queue (parallelism x depth x block) full, plus two being copied, within
+/// these bounds.
+pub const BOUNCE_WINDOWS_MIN: usize = 3;
+pub const BOUNCE_WINDOWS_MAX: usize = 64;
+/// The most bytes of windows one blocking op holds (more windows only when
+/// they are small).
+pub const BOUNCE_WINDOWS_MAX_BYTES: usize = 256 << 20;
 /// Seed of the model-based tests' op sequences (tests only; unset: a fixed
 /// seed and one random seed, printed).
 pub const MODEL_SEED_ENV: &str = "DEEPNVME_MODEL_SEED";

@@ -9,7 +9,6 @@ use super::latch::*;
 use super::workers::*;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::knobs;
 use crate::op::window::{ChunkRunner, Suspended, WindowedOp};
 use crate::op::work::{OpCompletion, OpMeta, OpWork};
 
@@ -44,7 +43,7 @@ impl WorkerChunks {
 
 impl ChunkRunner for WorkerChunks {
     fn depth(&self) -> usize {
-        knobs::BOUNCE_WINDOWS
+        usize::MAX // the op sizes its windows to the handle's queue
     }
     fn start(&mut self, plan: Arc<crate::op::plan::OpPlan>) -> Result<()> {
         let slices = plan.slice_count();

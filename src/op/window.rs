@@ -2,10 +2,11 @@
 //!
 //! A blocking `sync_pread`/`sync_pwrite` of a plain (unlocked) tensor needs
 //! a bounce buffer, but not one as large as the tensor: the op is cut into
-//! chunks of one window each, and [`crate::knobs::BOUNCE_WINDOWS`] windows
-//! take turns. While the I/O of some chunks runs, the calling thread copies
+//! chunks of one window each (a few MiB), and enough windows to keep the
+//! handle's queue full take turns. While the I/O of some chunks runs, the calling thread copies
 //! the caller's bytes of another chunk into its window (a write) or out of
-//! it (a read). So a 9 GiB tensor moves through a few hundred MiB of bounce
+//! it (a read), soon after the device filled it, while its bytes are still
+//! in the CPU's cache. So a 9 GiB tensor moves through at most 256 MiB of bounce
 //! memory, the copies overlap the I/O, and every copy is made by the
 //! calling thread under the ownership rule (`caller.rs`), never by an I/O
 //! thread.
@@ -23,16 +24,25 @@ use crate::engine::Knobs;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::OpenFile;
 use crate::host_copy::parallel_copy;
-use crate::knobs::{BOUNCE_WINDOWS, BOUNCE_WINDOW_MAX, BOUNCE_WINDOW_MIN};
+use crate::knobs::{BOUNCE_WINDOWS_MAX, BOUNCE_WINDOWS_MAX_BYTES, BOUNCE_WINDOWS_MIN, BOUNCE_WINDOW_BYTES};
 use crate::pinned::page_size;
 
-/// One window's bytes for a handle's geometry: enough to keep every
-/// worker's queue full (parallelism x depth x block), within bounds, in
-/// whole pages (so each chunk keeps the op's alignment).
+/// One window's bytes for a handle's geometry: [`BOUNCE_WINDOW_BYTES`], or a
+/// block per worker when that is more, in whole pages (so each chunk keeps
+/// the op's alignment).
 pub(crate) fn window_bytes(parallelism: usize, knobs: &Knobs) -> usize {
-    let queue = parallelism.max(1).saturating_mul(knobs.queue_depth.max(1)).saturating_mul(knobs.block_size.max(1));
+    let per_worker_block = parallelism.max(1).saturating_mul(knobs.block_size.max(1));
     let page = page_size();
-    queue.clamp(BOUNCE_WINDOW_MIN, BOUNCE_WINDOW_MAX) / page * page
+    BOUNCE_WINDOW_BYTES.max(per_worker_block).div_ceil(page) * page
+}
+
+/// How many windows keep the handle's queue full with two more being
+/// copied, within [`BOUNCE_WINDOWS_MIN`]..=[`BOUNCE_WINDOWS_MAX`] and
+/// [`BOUNCE_WINDOWS_MAX_BYTES`] in all.
+pub(crate) fn window_count(parallelism: usize, knobs: &Knobs, window: usize) -> usize {
+    let queue = parallelism.max(1).saturating_mul(knobs.queue_depth.max(1)).saturating_mul(knobs.block_size.max(1));
+    let most = (BOUNCE_WINDOWS_MAX_BYTES / window.max(1)).clamp(BOUNCE_WINDOWS_MIN, BOUNCE_WINDOWS_MAX);
+    (queue.div_ceil(window.max(1)) + 2).clamp(BOUNCE_WINDOWS_MIN, most)
 }
 
 /// Who moves a chunk's bytes: the handle's workers, or the calling thread.
@@ -135,7 +145,7 @@ impl WindowedOp {
     pub fn start<R: ChunkRunner>(self, runner: R, between: &mut dyn FnMut() -> Result<()>) -> Windowed<R> {
         let len = self.caller.len;
         let chunks = len.div_ceil(self.window);
-        let count = BOUNCE_WINDOWS.min(runner.depth().max(1)).min(chunks);
+        let count = window_count(self.parallelism, &self.knobs, self.window).min(runner.depth().max(1)).min(chunks);
         let what = self.what();
         let mut windows = Vec::with_capacity(count);
         for _ in 0..count {
