@@ -401,7 +401,7 @@ impl Settings {
 fn default_bounce_max_mb() -> usize {
     // SAFETY: sysconf has no preconditions.
     let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
-    let total_mb = (pages.max(0) as u64 * page.max(0) as u64 >> 20) as usize;
+    let total_mb = ((pages.max(0) as u64 * page.max(0) as u64) >> 20) as usize;
     (total_mb / 4).clamp(256, DEFAULT_BOUNCE_MAX_MB_CEILING)
 }
 

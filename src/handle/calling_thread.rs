@@ -12,7 +12,7 @@ use crate::config::HandleConfig;
 use crate::engine::{Engine, EngineKind, Submitter};
 use crate::error::{panic_text, Error, Result};
 use crate::op::window::{ChunkRunner, Windowed, WindowedOp};
-use crate::op::work::{OpCompletion, OpWork};
+use crate::op::work::{OpCompletion, OpFootprint, OpWork};
 use crate::op::{CpuOp, Mode, OpRequest, Prepared};
 use crate::pinned::PinnedMemoryManager;
 use crate::stats::{self, OpRecord};
@@ -36,12 +36,7 @@ impl IoHandle {
                 Prepared::Op(mut op) => {
                     let meta = op.meta();
                     if let Some(mine) = meta.footprint {
-                        for earlier in self.pending_matching(|fp| fp.conflicts(&mine)) {
-                            match earlier.meta.settle_on_conflict {
-                                true => earlier.settle(),
-                                false => _ = earlier.until_slices_done(),
-                            }
-                        }
+                        self.after_pending_conflicts(&mine);
                     }
                     let plan = op.plan().clone();
                     let outcome = self.run_on_inline_engine(plan.as_ref(), meta.bytes);
@@ -51,25 +46,8 @@ impl IoHandle {
                 }
                 Prepared::Windowed(op) => {
                     let meta = windowed_meta(&op);
-                    let mine = op.footprint();
-                    for earlier in self.pending_matching(|fp| fp.conflicts(&mine)) {
-                        match earlier.meta.settle_on_conflict {
-                            true => earlier.settle(),
-                            false => _ = earlier.until_slices_done(),
-                        }
-                    }
-                    let mut slot = self.inline_engine.lock();
-                    let engine = slot.get_or_insert_with(|| {
-                        worker_engine(
-                            self.engine_kind,
-                            self.config.queue_depth,
-                            Submitter::AnyThread,
-                        )
-                    });
-                    let outcome = run_windowed_inline(op, engine.as_mut());
-                    if engine.is_broken() {
-                        *slot = None;
-                    }
+                    self.after_pending_conflicts(&op.footprint());
+                    let outcome = self.with_inline_engine(|engine| run_windowed_inline(op, engine));
                     self.record(meta, outcome.is_ok(), started);
                     outcome
                 }
@@ -87,19 +65,33 @@ impl IoHandle {
         if bytes <= self.config.block_size as u64 {
             return run_guarded(work, &mut *self.one_request_engine.lock());
         }
+        self.with_inline_engine(|engine| run_guarded(work, engine))
+    }
+
+    /// Runs `f` on the handle's inline engine (made in `new`), replacing
+    /// the engine once it cannot be trusted.
+    fn with_inline_engine<T>(&self, f: impl FnOnce(&mut dyn Engine) -> T) -> T {
         let mut slot = self.inline_engine.lock();
         let engine = slot.get_or_insert_with(|| {
-            worker_engine(
-                self.engine_kind,
-                self.config.queue_depth,
-                Submitter::AnyThread,
-            )
+            worker_engine(self.engine_kind, self.config.queue_depth, Submitter::AnyThread)
         });
-        let outcome = run_guarded(work, engine.as_mut());
+        let out = f(engine.as_mut());
         if engine.is_broken() {
             *slot = None;
         }
-        outcome
+        out
+    }
+
+    /// Before an op on the calling thread: the pending ops it shares memory
+    /// or file bytes with have run their slices (a suspended windowed read
+    /// is resumed to its end).
+    fn after_pending_conflicts(&self, mine: &OpFootprint) {
+        for earlier in self.pending_matching(|fp| fp.conflicts(mine)) {
+            match earlier.meta.settle_on_conflict {
+                true => earlier.settle(),
+                false => _ = earlier.until_slices_done(),
+            }
+        }
     }
 
     /// One unsplit synchronous transfer on the calling thread with `config`'s
