@@ -156,11 +156,19 @@ struct TorchStaging {
 unsafe impl Send for TorchStaging {}
 
 impl Staging for TorchStaging {
+    // Device and strided tensors are copied by torch, under the GIL too: no
+    // Python thread can resize or free the tensor meanwhile (the ownership rule).
     fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> crate::Result<()> {
-        self.op.copy_to_host(bounce.as_mut_ptr() as usize, bounce.len()).map_err(|e| Error::Copy(e.to_string()))
+        let op = &self.op;
+        crate::interpreter::with_interpreter_lock(|| {
+            op.copy_to_host(bounce.as_mut_ptr() as usize, bounce.len()).map_err(|e| Error::Copy(e.to_string()))
+        })
     }
     fn copy_from_bounce(&mut self, bounce: &[u8]) -> crate::Result<()> {
-        self.op.copy_from_host(bounce.as_ptr() as usize, bounce.len()).map_err(|e| Error::Copy(e.to_string()))
+        let op = &self.op;
+        crate::interpreter::with_interpreter_lock(|| {
+            op.copy_from_host(bounce.as_ptr() as usize, bounce.len()).map_err(|e| Error::Copy(e.to_string()))
+        })
     }
     fn current_extent(&self) -> Option<(usize, usize)> {
         Some((self.op.data_address(), self.op.data_bytes()))
