@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::pinned::{page_size, PageAlignedBuffer};
 
 /// Idle buffers by size, and what is in use.
-pub(crate) struct Pool {
+struct Pool {
     idle: BTreeMap<usize, Vec<PageAlignedBuffer>>,
     idle_bytes: usize,
     /// Bytes of the buffers handed out and not yet returned.
@@ -30,8 +30,8 @@ pub(crate) struct Pool {
 }
 
 /// The process's bounce memory. A leaf lock: nothing else is taken while
-/// it is held (the fork handler relies on that).
-pub(crate) static POOL: Mutex<Pool> = Mutex::new(Pool { idle: BTreeMap::new(), idle_bytes: 0, in_use: 0 });
+/// it is held (the fork handler relies on that). Taken through [`pool`].
+static POOL: Mutex<Pool> = Mutex::new(Pool { idle: BTreeMap::new(), idle_bytes: 0, in_use: 0 });
 
 /// What a buffer is for: async snapshots are refused at the budget,
 /// windows of blocking ops are not.
@@ -56,7 +56,7 @@ impl BounceBuffer {
         let page = page_size();
         let size = len.max(1).div_ceil(page) * page;
         let reused = {
-            let mut pool = POOL.lock();
+            let mut pool = pool();
             let budget = crate::knobs::settings().bounce_max_bytes;
             if purpose == Purpose::AsyncOp && pool.in_use + size > budget {
                 return Err(Error::InvalidArgument(format!(
@@ -80,7 +80,7 @@ impl BounceBuffer {
             None => match PageAlignedBuffer::new_populated(size) {
                 Ok(b) => b,
                 Err(e) => {
-                    POOL.lock().in_use -= size;
+                    pool().in_use -= size;
                     return Err(e);
                 }
             },
@@ -116,7 +116,7 @@ impl BounceBuffer {
 impl Drop for BounceBuffer {
     fn drop(&mut self) {
         let Some(buffer) = self.buffer.take() else { return };
-        let mut pool = POOL.lock();
+        let mut pool = pool();
         pool.in_use -= self.size;
         if pool.idle_bytes + self.size <= crate::knobs::settings().bounce_pool_max_bytes {
             // Kept for the next op: worth registering with io_uring now.
@@ -132,9 +132,11 @@ impl Drop for BounceBuffer {
     }
 }
 
-/// The pool, held across `fork()` by the fork handler, so that no other
-/// thread is inside it at the fork and a child can take it (see `fork.rs`).
-pub(crate) fn lock_for_fork() -> crate::sync::MutexGuard<'static, Pool> {
+/// The pool's lock. The fork handler holds it across `fork()`, so that no
+/// other thread is inside it at the fork and a child can take it (see
+/// `fork.rs`); joining on the way in puts it in the handler's list first.
+fn pool() -> crate::sync::MutexGuard<'static, Pool> {
+    crate::fork::join(crate::fork::Slot::BouncePool, |_| Some(Box::new(POOL.lock())));
     POOL.lock()
 }
 

@@ -13,7 +13,9 @@
 //!
 //! # Every process-wide lock, and what makes it safe for a child
 //!
-//! In the order the prepare handler deals with them:
+//! This file names none of their owners: each owner joins ([`join`]) with a
+//! [`Slot`] and a hook before it first takes its lock, and the prepare
+//! handler calls the hooks in slot order. In that order:
 //!
 //! | # | lock | where | what the prepare handler does |
 //! |---|---|---|---|
@@ -28,7 +30,7 @@
 //!
 //! The parent and child handlers let go of 7 to 1, in that order. Nobody
 //! ever waits for the at-exit stats report's registration (`stats.rs`) or
-//! for these handlers' ([`install`]): atomic flags, not `Once`s.
+//! for these handlers' installation ([`join`]): atomic flags, not `Once`s.
 //!
 //! Not taken, because a child never uses them:
 //! * a handle's own locks (its queue, `serial`, its engines, its ops'
@@ -78,15 +80,53 @@
 //! requests stuck in a dead device) stays registered: its pages are copied
 //! into the child, which is slower, never wrong.
 
+use std::any::Any;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::Mutex;
 
 /// How long the prepare handler waits, in all, for the rings' tables: for
 /// their in-flight requests to complete. Only a ring stuck in I/O uses it up.
 pub(crate) const FORK_WAIT: Duration = Duration::from_secs(2);
+
+/// A place in the prepare handler's order (the table above). The slots
+/// before [`Slot::FIRST_AFTER_GATE`] are settled before the gate is taken.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Slot {
+    /// 0: the settings (`knobs.rs`).
+    Settings,
+    /// 0: the io_uring probe and the default engine (`engine/mod.rs`).
+    EngineChoice,
+    /// 2: the rings' fixed-buffer tables, emptied (`engine/fixed.rs`).
+    RingTables,
+    /// 3 and 4: the retire listeners and the rings' tables list.
+    RingLists,
+    /// 5: the pinned manager's registry (`pinned.rs`).
+    PinnedRegistry,
+    /// 6: the bounce pool (`bounce.rs`).
+    BouncePool,
+    /// 7: `info_once`'s keys (`log.rs`).
+    LogKeys,
+}
+
+impl Slot {
+    const COUNT: usize = 7;
+    const FIRST_AFTER_GATE: usize = Slot::RingTables as usize;
+}
+
+/// What a hook takes for the fork: the guards it must hold until the fork
+/// is done (dropped by the parent and child handlers), or nothing.
+pub(crate) type Held = Option<Box<dyn Any>>;
+
+/// A hook: takes its owner's locks for the fork, giving up on waits at the
+/// deadline where its doc says so.
+pub(crate) type Hook = fn(deadline: Instant) -> Held;
+
+/// The hooks, by slot: null until the owner joins. Atomics, not a lock or a
+/// `OnceLock`, so that a fork racing a join leaves nothing half-set.
+static HOOKS: [AtomicPtr<()>; Slot::COUNT] = [const { AtomicPtr::new(std::ptr::null_mut()) }; Slot::COUNT];
 
 /// Held by the prepare handler until the fork is done: a run that let go of
 /// its table for a fork waits here ([`wait_while_forking`]).
@@ -111,48 +151,63 @@ pub(crate) fn wait_while_forking() {
     }
 }
 
-/// Installs the fork handlers, once per process. Called on the way into
-/// every process-wide state (`knobs::settings()`, the pinned manager), so
-/// they are there before any lock above is first taken. Never waits: a
-/// thread that finds another one installing them goes on (a fork racing the
-/// very first install may find them missing, but then no thread is inside
-/// the crate's locks either).
-pub(crate) fn install() {
+/// Puts `hook` in `slot` (the first join of a slot wins; later ones are one
+/// atomic load) and installs the handlers. Owners call it on the way into
+/// their process-wide state, before they first take its lock. Returns false
+/// when the handlers could not be installed (`pthread_atfork` failed): a
+/// fork then copies registered memory, and its child may find a lock held.
+pub(crate) fn join(slot: Slot, hook: Hook) -> bool {
+    let cell = &HOOKS[slot as usize];
+    if cell.load(Ordering::Acquire).is_null() {
+        let _ = cell.compare_exchange(std::ptr::null_mut(), hook as *mut (), Ordering::AcqRel, Ordering::Acquire);
+    }
+    install()
+}
+
+/// Installs the fork handlers, once per process. Never waits: a thread that
+/// finds another one installing them goes on (a fork racing the very first
+/// install may find them missing, but then no thread is inside the crate's
+/// locks either).
+fn install() -> bool {
     const NONE: u8 = 0;
     const INSTALLING: u8 = 1;
     const INSTALLED: u8 = 2;
+    const FAILED: u8 = 3;
     static STATE: AtomicU8 = AtomicU8::new(NONE);
-    if STATE.load(Ordering::Acquire) == INSTALLED
-        || STATE.compare_exchange(NONE, INSTALLING, Ordering::AcqRel, Ordering::Acquire).is_err()
-    {
-        return;
+    match STATE.load(Ordering::Acquire) {
+        INSTALLED | INSTALLING => return true,
+        FAILED => return false,
+        _ => {}
     }
-    // SAFETY: registers three plain functions; they take the crate's locks
-    // and make io_uring_register calls, and never unwind.
+    if STATE.compare_exchange(NONE, INSTALLING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return STATE.load(Ordering::Acquire) != FAILED;
+    }
+    // SAFETY: registers three plain functions; they call the joined hooks
+    // (which take the crate's locks) and never unwind.
     let rc = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child)) };
-    STATE.store(INSTALLED, Ordering::Release);
-    if rc != 0 {
-        crate::log::info_once(
-            "atfork",
-            "pthread_atfork failed: a fork() copies registered memory, and its child may find a lock held",
-        );
-    }
+    STATE.store(if rc == 0 { INSTALLED } else { FAILED }, Ordering::Release);
+    rc == 0
 }
 
-/// What the prepare handler holds until the fork is done, released in the
-/// reverse order it was taken (fields drop in declaration order).
-struct Held {
-    _seen: crate::log::SeenHeld,
-    _bounce: MutexGuard<'static, crate::bounce::Pool>,
-    _pinned: crate::pinned::RegistryHeld,
-    _lists: crate::engine::fixed::ListsHeld,
-    _gate: MutexGuard<'static, ()>,
+/// The hook in `slot`, if its owner joined.
+fn hook(slot: usize) -> Option<Hook> {
+    let p = HOOKS[slot].load(Ordering::Acquire);
+    // SAFETY: the only non-null values stored are `Hook`s cast to pointers
+    // by `join`; a fn pointer and a data pointer have one size here.
+    (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut (), Hook>(p) })
+}
+
+/// What the prepare handler holds until the fork is done, by slot; let go
+/// of in the reverse order ([`release`]), the gate last.
+struct Holding {
+    by_slot: Vec<Held>,
+    _gate: crate::sync::MutexGuard<'static, ()>,
 }
 
 thread_local! {
     /// On the forking thread (which runs all three handlers, and is the
     /// child's only thread).
-    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+    static HOLDING: RefCell<Option<Holding>> = const { RefCell::new(None) };
 }
 
 /// `pthread_atfork` prepare: see the module doc. Nothing may unwind out of
@@ -164,27 +219,31 @@ extern "C" fn before_fork() {
     }
 }
 
+/// Allocates (glibc runs the prepare handlers before it takes malloc's
+/// locks, and the child handlers after it resets them).
 fn prepare() {
-    let _ = crate::knobs::settings();
-    let _ = crate::engine::io_uring_status();
-    let _ = crate::engine::default_kind();
+    let deadline = Instant::now() + FORK_WAIT;
+    for slot in 0..Slot::FIRST_AFTER_GATE {
+        if let Some(settle) = hook(slot) {
+            drop(settle(deadline));
+        }
+    }
     let gate = GATE.lock();
     FORK_PENDING.store(true, Ordering::Release);
-    crate::engine::fixed::empty_tables_for_fork(Instant::now() + FORK_WAIT);
-    let lists = crate::engine::fixed::lock_lists_for_fork();
-    let pinned = crate::pinned::lock_for_fork();
-    let bounce = crate::bounce::lock_for_fork();
-    let seen = crate::log::lock_for_fork();
-    let held = Held { _seen: seen, _bounce: bounce, _pinned: pinned, _lists: lists, _gate: gate };
-    HELD.with(|h| *h.borrow_mut() = Some(held));
+    let by_slot = (Slot::FIRST_AFTER_GATE..Slot::COUNT).map(|slot| hook(slot).and_then(|take| take(deadline))).collect();
+    HOLDING.with(|h| *h.borrow_mut() = Some(Holding { by_slot, _gate: gate }));
 }
 
-/// Lets go of what `prepare` took; the gate last, once the flag is down, so
-/// that the runs waiting at it go on with their tables at once.
+/// Lets go of what `prepare` took, the last slot first; the gate last, once
+/// the flag is down, so that the runs waiting at it go on with their tables
+/// at once.
 fn release() {
-    let held = HELD.with(|h| h.borrow_mut().take());
+    let Some(mut holding) = HOLDING.with(|h| h.borrow_mut().take()) else { return };
+    while let Some(held) = holding.by_slot.pop() {
+        drop(held);
+    }
     FORK_PENDING.store(false, Ordering::Release);
-    drop(held);
+    drop(holding);
 }
 
 /// `pthread_atfork` parent.

@@ -409,8 +409,20 @@ fn default_bounce_max_mb() -> usize {
 /// way in to every process-wide state, so it installs the fork handlers:
 /// see `fork.rs`.)
 pub fn settings() -> &'static Settings {
-    crate::fork::install();
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
+    if !crate::fork::join(crate::fork::Slot::Settings, |_| {
+        let _ = settings();
+        None
+    }) {
+        // Once: later joins find the handlers' state already failed, and
+        // settings() is set by then.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            let msg = "deepnvme: pthread_atfork failed: a fork() copies registered memory, and its child may find a lock held\n";
+            // SAFETY: writes our own bytes to stderr; errors are ignored.
+            let _ = unsafe { libc::write(libc::STDERR_FILENO, msg.as_ptr().cast(), msg.len()) };
+        }
+    }
     SETTINGS.get_or_init(Settings::from_env)
 }
 

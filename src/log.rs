@@ -51,17 +51,16 @@ pub fn info(msg: &str) {
 /// (see `fork.rs`), so that a child can print too.
 static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
-/// `SEEN`, held for the fork handler.
-pub(crate) type SeenHeld = MutexGuard<'static, Option<HashSet<String>>>;
-
-/// Takes `SEEN` for the fork handler.
-pub(crate) fn lock_for_fork() -> SeenHeld {
+/// `SEEN`'s lock; joining the fork handler on the way in, which holds it
+/// across `fork()`.
+fn seen() -> MutexGuard<'static, Option<HashSet<String>>> {
+    crate::fork::join(crate::fork::Slot::LogKeys, |_| Some(Box::new(SEEN.lock())));
     SEEN.lock()
 }
 
 /// An informational line printed at most once per process for `key`.
 pub fn info_once(key: &str, msg: &str) {
-    let first = SEEN.lock().get_or_insert_with(HashSet::new).insert(key.to_string());
+    let first = seen().get_or_insert_with(HashSet::new).insert(key.to_string());
     if first {
         info(msg);
     }

@@ -292,7 +292,7 @@ impl PinnedMemoryManager {
     /// The one manager of this process. (The way in to it also installs
     /// the fork handlers, which hold its lock across `fork()`: see `fork.rs`.)
     pub fn shared() -> &'static PinnedMemoryManager {
-        crate::fork::install();
+        crate::fork::join(crate::fork::Slot::PinnedRegistry, |_| Some(Box::new(lock_for_fork())));
         &SHARED
     }
 
@@ -378,12 +378,12 @@ impl PinnedMemoryManager {
 /// The process-wide manager's registry, held (for writing) across `fork()`
 /// by the fork handler, so that no other thread is inside it at the fork
 /// and a child can take it (see `fork.rs`).
-pub(crate) struct RegistryHeld {
+struct RegistryHeld {
     _registry: RwLockWriteGuard<'static, Registry>,
 }
 
 /// Takes the process-wide manager's registry for the fork handler.
-pub(crate) fn lock_for_fork() -> RegistryHeld {
+fn lock_for_fork() -> RegistryHeld {
     RegistryHeld { _registry: SHARED.regions.write() }
 }
 

@@ -143,12 +143,8 @@ fn no_import_cycle_between_files_of_src() {
 
 /// Cycles left to be broken (the list may only shrink): the GDS modules
 /// share items through `gds/mod.rs` and each other, to be moved into files
-/// of their own; the fork handler, see below.
+/// of their own.
 const KNOWN_CYCLES: &[&str] = &[
-    // The fork handler names every process-wide lock's owner, and they
-    // install it (and read its pending flag): to become a registry the
-    // owners fill, with the handler naming none of them.
-    "bounce <-> engine <-> engine::fixed <-> engine::psync <-> engine::uring <-> fork <-> knobs <-> log <-> pinned",
     "gds::api <-> gds::config <-> gds::dl <-> gds::error <-> gds::registry",
     "gds <-> gds::driver <-> gds::probe <-> gds::transfer",
 ];

@@ -162,7 +162,7 @@ const IORING_UNREGISTER_BUFFERS: libc::c_uint = 1;
 /// list and ring descriptors, and unregistering through those would empty
 /// the parent's tables under its requests. The tables are not held across
 /// the fork: nothing registers while it is pending.
-pub(crate) fn empty_tables_for_fork(deadline: Instant) {
+fn empty_tables_for_fork(deadline: Instant) {
     let pid = std::process::id();
     let tables: Vec<Arc<Mutex<FixedTable>>> =
         TABLES.lock().iter().filter(|(owner, _)| *owner == pid).filter_map(|(_, t)| t.upgrade()).collect();
@@ -176,13 +176,13 @@ pub(crate) fn empty_tables_for_fork(deadline: Instant) {
 /// The listener and table lists, held across `fork()` by the fork handler
 /// (so that no other thread is inside them at the fork, and a child's new
 /// handle can take them).
-pub(crate) struct ListsHeld {
+struct ListsHeld {
     _tables: MutexGuard<'static, Tables>,
     _listeners: MutexGuard<'static, Listeners>,
 }
 
 /// Takes the lists for the fork handler (`LISTENERS`, then `TABLES`).
-pub(crate) fn lock_lists_for_fork() -> ListsHeld {
+fn lock_lists_for_fork() -> ListsHeld {
     let listeners = LISTENERS.lock();
     let tables = TABLES.lock();
     ListsHeld { _tables: tables, _listeners: listeners }
@@ -235,7 +235,11 @@ impl FixedTable {
             refused: HashMap::new(),
             refusals: 0,
         }));
-        crate::fork::install();
+        crate::fork::join(crate::fork::Slot::RingTables, |deadline| {
+            empty_tables_for_fork(deadline);
+            None
+        });
+        crate::fork::join(crate::fork::Slot::RingLists, |_| Some(Box::new(lock_lists_for_fork())));
         let pid = std::process::id();
         let mut tables = TABLES.lock();
         tables.retain(|(owner, t)| *owner == pid && t.strong_count() > 0);
