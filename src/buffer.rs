@@ -37,6 +37,7 @@ pub struct BufferDesc {
 // `from_raw_parts`) to keep it alive and unaliased while ops use it, from
 // whichever thread runs them.
 unsafe impl Send for BufferDesc {}
+// SAFETY: shared references only read the description; as for Send.
 unsafe impl Sync for BufferDesc {}
 
 impl BufferDesc {

@@ -139,6 +139,7 @@ fn above_stdio(fd: RawFd) -> io::Result<RawFd> {
     // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor; `fd` is ours to close.
     let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, libc::STDERR_FILENO + 1) };
     let e = io::Error::last_os_error();
+    // SAFETY: closes a descriptor this code owns and no longer uses.
     unsafe { libc::close(fd) };
     if high < 0 {
         Err(e)

@@ -29,8 +29,8 @@ unsafe fn copy_streaming_sse2(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
     // Plain copy up to a 16-byte aligned target (streaming stores need it).
     let head = ((16 - (dst as usize & 15)) & 15).min(len);
-    // SAFETY (whole function): every access is inside [0, len) of both
-    // buffers, as the caller promises; stores are 16-byte aligned.
+    // SAFETY: every access is inside [0, len) of both buffers, as the
+    // caller promises; the streaming stores are 16-byte aligned.
     unsafe {
         std::ptr::copy_nonoverlapping(src, dst, head);
         let mut i = head;

@@ -76,6 +76,7 @@ mod with_python {
                 // SAFETY: dlsym with a NUL-terminated name; a symbol found under
                 // either name is CPython's function of this signature.
                 let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+                // SAFETY: as above, the symbol is that function.
                 (!sym.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, GetUnchecked>(sym) })
             })
         });

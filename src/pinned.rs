@@ -97,6 +97,7 @@ pub struct PageAlignedBuffer {
 
 // SAFETY: the mapping is plain memory owned by this value.
 unsafe impl Send for PageAlignedBuffer {}
+// SAFETY: shared references only read the description; as for Send.
 unsafe impl Sync for PageAlignedBuffer {}
 
 impl PageAlignedBuffer {

@@ -391,6 +391,10 @@ fn pick_pos(rng: &mut Rng, span: usize) -> usize {
     }
 }
 
+/// One op's effect on a model: (op index, destination name, start, bytes,
+/// source name, source start).
+type Effect = (usize, String, usize, Vec<u8>, Option<String>, usize);
+
 /// One thread's ops on a (maybe shared) handle, its bases and files, its model.
 struct Model {
     rng: Rng,
@@ -406,8 +410,8 @@ struct Model {
     checked_after: usize,
     /// Every model's bytes at the last good check, by name.
     snapshot: Vec<(String, Vec<u8>)>,
-    /// Since then: (op index, destination name, start, bytes, source name, source start).
-    window: Vec<(usize, String, usize, Vec<u8>, Option<String>, usize)>,
+    /// Since then, each op's effect.
+    window: Vec<Effect>,
     context: String,
 }
 

@@ -91,10 +91,12 @@ fn registered_memory_follows_the_lifetime_of_what_it_registers() {
     // SAFETY: the child only exits.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
+        // SAFETY: _exit in the forked child: no destructors or unwinding run there.
         unsafe { libc::_exit(0) };
     }
     assert!(pid > 0, "fork during a run failed");
     let mut status = 0;
+    // SAFETY: waits for this test's own child; the status pointer is a live local or null.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     assert_eq!(handle.wait().expect("wait after a fork during the run"), 1);
     let source = pending.take().expect("the written buffer back");
@@ -109,16 +111,21 @@ fn registered_memory_follows_the_lifetime_of_what_it_registers() {
     // SAFETY: the child forks once more and exits; nothing else.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
+        // SAFETY: the child only calls fork, waitpid and _exit, all async-signal-safe.
         let grandchild = unsafe { libc::fork() };
         if grandchild == 0 {
+            // SAFETY: _exit in the forked child: no destructors or unwinding run there.
             unsafe { libc::_exit(0) };
         }
         if grandchild > 0 {
+            // SAFETY: waits for this test's own child; the status pointer is a live local or null.
             unsafe { libc::waitpid(grandchild, std::ptr::null_mut(), 0) };
         }
+        // SAFETY: _exit in the forked child: no destructors or unwinding run there.
         unsafe { libc::_exit(0) };
     }
     assert!(pid > 0, "fork failed");
+    // SAFETY: waits for this test's own child; the status pointer is a live local or null.
     unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
     back.fill(0);
     handle.read_into(&mut back, FileTarget::Path(&path), 0).expect("the parent's read after a grandchild's fork");
@@ -165,6 +172,7 @@ fn registered_memory_follows_the_lifetime_of_what_it_registers() {
     // SAFETY: the child only sleeps until it is killed.
     let child = unsafe { libc::fork() };
     if child == 0 {
+        // SAFETY: sleep and _exit are async-signal-safe; nothing unwinds.
         unsafe {
             libc::sleep(30);
             libc::_exit(0);
@@ -175,6 +183,7 @@ fn registered_memory_follows_the_lifetime_of_what_it_registers() {
     assert!(vm_pinned_bytes() > before_bounce, "no registration after the fork");
     drop(handle);
     let left = vm_pinned_settles_to(baseline);
+    // SAFETY: kills and reaps this test's own child; no memory is passed.
     unsafe {
         libc::kill(child, libc::SIGKILL);
         libc::waitpid(child, std::ptr::null_mut(), 0);

@@ -393,6 +393,7 @@ extern "C" fn hold_parent() {
         if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
             continue;
         }
+        // SAFETY: reads into the unfilled tail of `line`, a live local buffer.
         let n = unsafe { libc::read(fd, line[got..].as_mut_ptr() as *mut libc::c_void, line.len() - got) };
         if n <= 0 {
             break;

@@ -57,6 +57,8 @@ fn run_in_child(what: &str, timeout_s: u32, body: impl FnOnce() -> Result<(), St
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
     if pid == 0 {
+        // SAFETY: closes the child's copy of the pipe's read end; alarm
+        // touches no memory.
         unsafe {
             libc::close(fds[0]);
             libc::alarm(timeout_s);
@@ -77,13 +79,16 @@ fn run_in_child(what: &str, timeout_s: u32, body: impl FnOnce() -> Result<(), St
                 1
             }
         };
+        // SAFETY: _exit in the forked child: no destructors or unwinding run there.
         unsafe { libc::_exit(code) };
     }
+    // SAFETY: closes a descriptor this code owns and no longer uses.
     unsafe { libc::close(fds[1]) };
     let mut msg = String::new();
     // SAFETY: we own the read end.
     let _ = unsafe { std::fs::File::from_raw_fd(fds[0]) }.read_to_string(&mut msg);
     let mut status = 0;
+    // SAFETY: waits for this test's own child; the status pointer is a live local or null.
     let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
     assert_eq!(rc, pid, "waitpid: {}", std::io::Error::last_os_error());
     if libc::WIFSIGNALED(status) {
@@ -137,6 +142,7 @@ fn a_caller_fd_closed_and_reused_before_wait_still_writes_the_original_file() {
             h.pwrite(src.narrow(mem, n), FileTarget::Fd(fd_a), off as i64, true).unwrap();
             // The caller closes its fd; the number now names file B.
             let fd_b = open_fd(&b, libc::O_WRONLY | if direct { libc::O_DIRECT } else { 0 });
+            // SAFETY: both descriptors are this test's own.
             assert!(unsafe { libc::dup2(fd_b, fd_a) } == fd_a, "dup2");
             close_fd(fd_b);
             assert_eq!(h.wait().unwrap(), 2, "{what}");
@@ -166,6 +172,7 @@ fn reading_through_a_caller_fd_reused_before_wait_reads_the_original_file() {
         keep_worker_busy(&h, dir.path(), &format!("r-{engine:?}"), &busy);
         h.pread(dst.narrow(1, 64 * 1024 + 1), FileTarget::Fd(fd_a), 4097, true).unwrap();
         let fd_b = open_fd(&b, libc::O_RDONLY | libc::O_DIRECT);
+        // SAFETY: both descriptors are this test's own.
         assert!(unsafe { libc::dup2(fd_b, fd_a) } == fd_a, "dup2");
         close_fd(fd_b);
         assert_eq!(h.wait().unwrap(), 2);
@@ -211,6 +218,7 @@ fn an_o_append_fd_writes_every_piece_at_its_offset() {
                 want[r.clone()].copy_from_slice(&data2[r]);
             }
             assert_bytes_eq(&read_file(&path), &want, &format!("{what}: unaligned pieces on an O_APPEND fd"));
+            // SAFETY: F_GETFL only reads the flags of a descriptor this code owns.
             let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
             assert!(flags & libc::O_APPEND != 0, "{what}: the caller's fd keeps its own flags");
             close_fd(fd);
@@ -223,6 +231,7 @@ fn an_o_append_fd_writes_every_piece_at_its_offset() {
 // ---------------------------------------------------------------------------
 
 fn fork_child_checks(h: IoHandle, dir: &Path, engine: deepnvme::EngineKind) -> Result<(), String> {
+    // SAFETY: no arguments, no memory touched.
     let parent = unsafe { libc::getppid() };
     let path = dir.join(format!("child-{engine:?}.bin"));
     let mut heap = vec![7u8; 8192];
@@ -385,12 +394,14 @@ fn freeing_locked_memory_under_a_write_keeps_the_written_bytes() {
         unsafe { std::slice::from_raw_parts_mut(p, n) }.copy_from_slice(&data);
         keep_worker_busy(&h, dir.path(), &format!("{engine:?}"), &busy);
         let path = dir.file(&format!("w-{engine:?}.bin"));
+        // SAFETY: the memory outlives every op on this desc (each is waited for here).
         h.pwrite(unsafe { BufferDesc::from_raw_parts(p, n) }, FileTarget::Path(&path), 0, true).unwrap();
         assert!(m.free(p));
         // Reuse pressure: allocations of the same size while the op waits.
         let others: Vec<_> = (0..4).map(|_| m.alloc(n).unwrap().as_ptr()).collect();
         for &o in &others {
             assert_ne!(o, p);
+            // SAFETY: writes inside this test's own live mapping, owned by this thread.
             unsafe { std::ptr::write_bytes(o, 0xEE, n) };
         }
         assert_eq!(h.wait().unwrap(), 2);
@@ -407,6 +418,7 @@ fn freeing_locked_memory_under_a_write_keeps_the_written_bytes() {
 
 fn efbig_child(dir: &Path) -> Result<(), String> {
     const LIMIT: u64 = 1 << 20;
+    // SAFETY: this child's own signal disposition and limit; `r` is live.
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
         let r = libc::rlimit { rlim_cur: LIMIT as libc::rlim_t, rlim_max: libc::RLIM_INFINITY };
@@ -599,6 +611,7 @@ fn closed_streams_child(dir: &Path) -> Result<(), String> {
         write_file(&b, &vec![0u8; 70_000]);
         fds.push(open_fd(&b, libc::O_WRONLY));
     }
+    // SAFETY: closes this child's stdout and stderr, which is the test.
     unsafe {
         libc::close(1);
         libc::close(2);

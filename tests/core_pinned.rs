@@ -34,6 +34,7 @@ fn allocations_are_page_aligned_writable_and_recorded() {
         let p = m.alloc(n).expect("alloc").as_ptr();
         assert_eq!(p as usize % page_size(), 0, "alloc({n}) is not page aligned: {p:p}");
         // Every requested byte is usable.
+        // SAFETY: bytes of this test's own live mapping, which nothing else writes meanwhile.
         let s = unsafe { std::slice::from_raw_parts_mut(p, n) };
         s.fill(i as u8 + 1);
         assert!(s.iter().all(|&b| b == i as u8 + 1));
@@ -78,6 +79,7 @@ fn free_accepts_only_an_exact_base_once() {
     let other = m.alloc(page_size()).unwrap().as_ptr();
     // Interior pointers, one past the end, unknown memory: refused, nothing freed.
     for off in [1usize, 3, page_size(), n - 1, n] {
+        // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
         assert!(!m.free(unsafe { p.add(off) }), "free of base+{off} must be refused");
     }
     let local = [0u8; 16];
@@ -85,6 +87,7 @@ fn free_accepts_only_an_exact_base_once() {
     assert!(!m.free(std::ptr::null()), "free of null");
     assert_eq!(m.stats().0, 2, "refused frees release nothing");
     assert!(m.is_managed(p, n), "region still usable after refused frees");
+    // SAFETY: writes inside this test's own live mapping, owned by this thread.
     unsafe { std::ptr::write_volatile(p.add(n - 1), 7) };
     // A second manager does not own the first one's memory.
     let m2 = PinnedMemoryManager::new();
@@ -103,6 +106,7 @@ fn is_managed_accepts_whole_narrows_views_and_rejects_overruns_and_gaps() {
     let page = page_size();
     let n = 2 * page + 1000; // requested < mapped: [n, 3*page) is a gap
     let a = m.alloc(n).unwrap().as_ptr();
+    // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
     let at = |off: usize| unsafe { a.add(off) };
 
     // Whole region, narrows, views, zero-length at base and at the end.
@@ -129,8 +133,11 @@ fn is_managed_accepts_whole_narrows_views_and_rejects_overruns_and_gaps() {
     assert!(!m.is_managed(at(n), 1));
     assert!(!m.is_managed(at(3 * page - 1), 1));
     // Before the (only) region.
+    // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
     assert!(!m.is_managed(unsafe { a.sub(1) }, 1));
+    // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
     assert!(!m.is_managed(unsafe { a.sub(1) }, 2), "starting before, ending inside");
+    // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
     assert!(!m.is_managed(unsafe { a.sub(page) }, 0));
     assert!(!m.is_managed(std::ptr::null(), 1));
     assert!(!m.is_managed(std::ptr::null(), 0));
@@ -140,11 +147,13 @@ fn is_managed_accepts_whole_narrows_views_and_rejects_overruns_and_gaps() {
     let (lo, lo_len, hi) = if (a as usize) < (b as usize) { (a, n, b) } else { (b, page, a) };
     let lo_mapped = round_page(lo_len);
     if lo_len < lo_mapped {
+        // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
         assert!(!m.is_managed(unsafe { lo.add(lo_len) }, 1), "gap between regions");
     }
     if lo as usize + lo_mapped == hi as usize {
         // Adjacent mappings: an extent covering the end of one and the start
         // of the next is not inside ONE region.
+        // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
         assert!(!m.is_managed(unsafe { lo.add(lo_len - 1) }, (hi as usize - lo as usize) - lo_len + 2));
     }
     assert!(!m.is_managed(lo, hi as usize - lo as usize + 1), "extent spanning two regions");
@@ -188,6 +197,7 @@ fn adjacent_full_page_regions_do_not_merge() {
 /// without CAP_IPC_LOCK), leaving headroom for other tests' buffers.
 fn lockable_pages(want: usize) -> usize {
     let (soft, _) = deepnvme::pinned::memlock_limit();
+    // SAFETY: no arguments, no memory touched.
     let privileged = unsafe { libc::geteuid() } == 0;
     if privileged || soft == libc::RLIM_INFINITY {
         return want;
@@ -219,6 +229,7 @@ fn thousands_of_regions_stay_correct() {
         assert!(m.is_managed(p, n));
         assert_eq!(m.region_of(p), Some((b, n)));
         if n > 2 {
+            // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
             assert!(m.is_managed(unsafe { p.add(1) }, n - 2));
         }
         assert!(!m.is_managed(p, n + 1), "overrun of region {b:#x} ({n} bytes)");
@@ -263,20 +274,25 @@ fn concurrent_alloc_free_and_lookup() {
                         let n = rng.range(1, 3 * page_size());
                         let p = m.alloc(n).unwrap().as_ptr();
                         let tag = (t * 31 + r) as u8;
+                        // SAFETY: writes inside this test's own live mapping, owned by this thread.
                         unsafe { std::ptr::write_bytes(p, tag, n) };
                         mine.push((p, n, tag));
                     } else {
                         let i = rng.range(0, mine.len() - 1);
                         let (p, n, tag) = mine.swap_remove(i);
+                        // SAFETY: bytes of this test's own live mapping, which nothing else writes meanwhile.
                         let s = unsafe { std::slice::from_raw_parts(p, n) };
                         assert!(s.iter().all(|&b| b == tag), "another thread wrote into my region");
+                        // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
                         assert!(!m.free(unsafe { p.add(1) }), "interior free");
                         assert!(m.free(p));
                     }
                     for &(p, n, _) in &mine {
                         assert!(m.is_managed(p, n));
+                        // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
                         assert!(m.is_managed(unsafe { p.add(n / 2) }, n - n / 2));
                         assert!(!m.is_managed(p, n + 1));
+                        // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
                         assert_eq!(m.region_of(unsafe { p.add(n - 1) }), Some((p as usize, n)));
                     }
                 }
@@ -320,13 +336,19 @@ fn shared_manager_is_one_per_process_and_backs_is_pinned() {
     assert!(b.is_managed(p, n));
     let h = IoHandle::new(HandleConfig { engine: Some(deepnvme::EngineKind::Psync), ..HandleConfig::default() }).unwrap();
     assert!(std::ptr::eq(h.manager(), a), "handles use the shared manager");
+    // SAFETY: the memory outlives every op on this desc (each is waited for here).
     assert!(h.is_pinned(&unsafe { BufferDesc::from_raw_parts(p, n) }.pinned(false)));
+    // SAFETY: the memory outlives every op on this desc (each is waited for here).
     assert!(h.is_pinned(&unsafe { BufferDesc::from_raw_parts(p.add(3), 100) }.pinned(false)), "narrow");
+    // SAFETY: the memory outlives every op on this desc (each is waited for here).
     assert!(!h.is_pinned(&unsafe { BufferDesc::from_raw_parts(p, n + 1) }.pinned(false)), "overrun");
     let heap = [0u8; 64];
+    // SAFETY: the memory outlives every op on this desc (each is waited for here).
     assert!(!h.is_pinned(&unsafe { BufferDesc::from_raw_parts(heap.as_ptr() as *mut u8, 64) }.pinned(false)));
+    // SAFETY: the memory outlives every op on this desc (each is waited for here).
     assert!(h.is_pinned(&unsafe { BufferDesc::from_raw_parts(heap.as_ptr() as *mut u8, 64) }.pinned(true)), "declared pinned (torch-pinned) counts");
     assert!(a.free(p));
+    // SAFETY: the memory outlives every op on this desc (each is waited for here).
     assert!(!h.is_pinned(&unsafe { BufferDesc::from_raw_parts(p, n) }.pinned(false)));
     assert_eq!(vm_locked_bytes(), before);
 }
@@ -362,11 +384,14 @@ fn mlock_child() -> i32 {
     const LIMIT: u64 = 64 * 1024;
     const BIG: usize = 1 << 20;
     let r = libc::rlimit { rlim_cur: LIMIT as libc::rlim_t, rlim_max: LIMIT as libc::rlim_t };
+    // SAFETY: `r` is a live rlimit; it changes only this (child) process.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &r) } != 0 {
         return child::SETRLIMIT;
     }
+    // SAFETY: no arguments, no memory touched.
     if unsafe { libc::geteuid() } == 0 {
         // Leaving uid 0 clears every capability (no SECBIT_KEEP_CAPS).
+        // SAFETY: a null list with length 0, and plain ids; this child only.
         unsafe {
             if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
                 return child::SKIP_CANNOT_DROP;
@@ -415,9 +440,11 @@ fn mlock_failure_is_an_error_naming_size_and_limit() {
     assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
     if pid == 0 {
         let code = std::panic::catch_unwind(mlock_child).unwrap_or(child::PANIC);
+        // SAFETY: _exit in the forked child: no destructors or unwinding run there.
         unsafe { libc::_exit(code) };
     }
     let mut status = 0;
+    // SAFETY: waits for this test's own child; the status pointer is a live local or null.
     let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
     assert_eq!(rc, pid, "waitpid: {}", std::io::Error::last_os_error());
     assert!(libc::WIFEXITED(status), "child did not exit normally (status {status:#x})");

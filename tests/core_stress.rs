@@ -49,6 +49,7 @@ impl Buf {
     }
     fn desc(&mut self) -> BufferDesc {
         let b = self.bytes();
+        // SAFETY: the memory outlives every op on this desc (each is waited for here).
         unsafe { BufferDesc::from_raw_parts(b.as_mut_ptr(), b.len()) }
     }
 }
@@ -222,6 +223,7 @@ fn pinned_memory_is_shared_across_handles_and_threads() {
     let len = THREADS * 64 * 1024;
     let base = h1.manager().alloc(len).unwrap().as_ptr();
     assert!(std::ptr::eq(h1.manager(), h2.manager()));
+    // SAFETY: the memory outlives every op on this desc (each is waited for here).
     assert!(h2.is_pinned(&unsafe { BufferDesc::from_raw_parts(base, len) }));
     let dir = TempDir::new("cross");
     std::thread::scope(|s| {
@@ -230,16 +232,20 @@ fn pinned_memory_is_shared_across_handles_and_threads() {
             let base = base as usize;
             s.spawn(move || {
                 let mine = (base + t * 64 * 1024) as *mut u8;
+                // SAFETY: the memory outlives every op on this desc (each is waited for here).
                 let buf = unsafe { BufferDesc::from_raw_parts(mine, 64 * 1024) };
                 assert!(h1.is_pinned(&buf), "a narrow of a shared region goes direct");
                 let data = pattern(t as u64 + 77, 64 * 1024);
+                // SAFETY: writes inside this test's own live mapping, owned by this thread.
                 unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), mine, data.len()) };
                 let path = dir.file(&format!("x{t}.bin"));
                 let (w, r) = if t % 2 == 0 { (h1, h2) } else { (h2, h1) };
                 for round in 0..5 {
                     w.pwrite(buf, FileTarget::Path(&path), (round * 4096) as i64, false).unwrap();
+                    // SAFETY: writes inside this test's own live mapping, owned by this thread.
                     unsafe { std::ptr::write_bytes(mine, 0, 64 * 1024) };
                     r.pread(buf, FileTarget::Path(&path), (round * 4096) as i64, false).unwrap();
+                    // SAFETY: bytes of this test's own live mapping, which nothing else writes meanwhile.
                     let got = unsafe { std::slice::from_raw_parts(mine, 64 * 1024) };
                     assert_bytes_eq(got, &data, &format!("thread {t} round {round}"));
                 }
@@ -248,7 +254,9 @@ fn pinned_memory_is_shared_across_handles_and_threads() {
     });
     // Freed through the other handle's manager: no longer pinned for either.
     assert!(h2.manager().free(base));
+    // SAFETY: the memory outlives every op on this desc (each is waited for here).
     assert!(!h1.is_pinned(&unsafe { BufferDesc::from_raw_parts(base, len) })
+        // SAFETY: the memory outlives every op on this desc (each is waited for here).
         && !h2.is_pinned(&unsafe { BufferDesc::from_raw_parts(base, 1) }));
     assert!(!m.is_managed(base, 1));
 }

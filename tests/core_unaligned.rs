@@ -50,6 +50,7 @@ impl Mem {
         match self {
             Mem::Pinned(p) => p.desc(),
             Mem::Narrow(p, s) => p.narrow(*s, len),
+            // SAFETY: the memory outlives every op on this desc (each is waited for here).
             Mem::Heap(v) => unsafe { BufferDesc::from_raw_parts(v.as_mut_ptr().add(GUARD_LEN), len) },
         }
     }
@@ -160,16 +161,20 @@ struct EveryOther {
     store: *mut u8,
     len: usize,
 }
+// SAFETY: `store` is the test's own allocation, outliving the op; the
+// handle calls the copier from one thread at a time.
 unsafe impl Send for EveryOther {}
 impl Staging for EveryOther {
     fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> deepnvme::Result<()> {
         for (i, b) in bounce[..self.len].iter_mut().enumerate() {
+            // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
             *b = unsafe { *self.store.add(2 * i) };
         }
         Ok(())
     }
     fn copy_from_bounce(&mut self, bounce: &[u8]) -> deepnvme::Result<()> {
         for (i, &b) in bounce[..self.len].iter().enumerate() {
+            // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
             unsafe { *self.store.add(2 * i) = b };
         }
         Ok(())
@@ -193,6 +198,7 @@ fn strided_and_device_buffers_bounce_through_their_copier() {
             }
             let sp = store.ptr();
             let location = if is_host { Location::Host } else { Location::OtherDevice };
+            // SAFETY: the memory outlives every op on this desc (each is waited for here).
             let buf = unsafe { BufferDesc::from_raw_parts(sp, len) }.located(location).contiguous(false).pinned(true);
             let req = |direction| OpRequest {
                 direction,

@@ -39,6 +39,7 @@ pub struct Segment {
 // SAFETY: a Segment is a description; the op that owns the memory keeps it
 // alive and unaliased while engines on other threads move its bytes.
 unsafe impl Send for Segment {}
+// SAFETY: shared references only read the description; as for Send.
 unsafe impl Sync for Segment {}
 
 /// How to move the bytes (the handle's knobs).
@@ -73,6 +74,7 @@ fn eagain_backoff(n: u32) -> std::time::Duration {
 
 // SAFETY: as for Segment: the owning op keeps the memory alive and unaliased.
 unsafe impl Send for Piece {}
+// SAFETY: shared references only read the description; as for Send.
 unsafe impl Sync for Piece {}
 
 impl Piece {

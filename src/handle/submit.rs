@@ -155,7 +155,7 @@ impl IoHandle {
                                 ..meta
                             };
                             let resume = ResumeWindowed {
-                                suspended: Some(suspended),
+                                suspended: Some(*suspended),
                                 outcome: None,
                             };
                             self.dispatch(PreparedOp {

@@ -37,6 +37,7 @@ fn engines_move_many_segments_with_every_knob() {
                             .map(|&i| Segment {
                                 fd,
                                 file_offset: cut[i] as u64,
+                                // SAFETY: address arithmetic near the test's mapping; the result is only compared or handed to the manager, which checks it.
                                 addr: unsafe { base.add(cut[i]) },
                                 len: cut[i + 1] - cut[i],
                             })

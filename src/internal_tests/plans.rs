@@ -38,6 +38,7 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
         }
         // The direct descriptor really is O_DIRECT on this file system.
         let fd = plan.slices[0].direct[0].fd;
+        // SAFETY: F_GETFL only reads the flags of a descriptor this code owns.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
         assert!(flags & libc::O_DIRECT != 0, "the test directory must support O_DIRECT");
         // Block size rounded to the O_DIRECT unit for the direct segments.
@@ -143,6 +144,7 @@ fn pinned_memory_goes_direct_and_heap_memory_bounces() {
         (p.desc(), true, "whole pinned region"),
         (p.narrow(1, 1000), true, "narrow at +1"),
         (p.narrow(4096, 4096), true, "page view"),
+        // SAFETY: the memory outlives every op on this desc (each is waited for here).
         (unsafe { BufferDesc::from_raw_parts(p.ptr(), (1 << 16) + 1) }, false, "running past the region"),
         (heap_desc(&mut v), false, "heap"),
         (heap_desc(&mut v).pinned(true), true, "heap declared pinned (torch-pinned)"),

@@ -258,6 +258,7 @@ fn a_panic_mid_run_waits_for_the_kernel_before_the_op_fails() {
         let err = h.wait().expect_err("the panicking op fails");
         assert!(err.to_string().contains("panic"), "{err}");
         // The caller reuses the memory at once: nothing may land in it now.
+        // SAFETY: bytes of this test's own live mapping, which nothing else writes meanwhile.
         let mine = unsafe { std::slice::from_raw_parts_mut(mem.ptr(), len) };
         mine.fill(0xA5);
         std::thread::sleep(Duration::from_millis(300));

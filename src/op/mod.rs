@@ -72,6 +72,7 @@ pub(crate) enum Mode {
 }
 
 /// What [`CpuOp::prepare`] makes of a request.
+#[allow(clippy::large_enum_variant)] // made and matched once per op: boxing would allocate per op
 pub(crate) enum Prepared {
     /// An op for the handle's queue (or the calling thread).
     Op(CpuOp),

@@ -166,7 +166,7 @@ impl WindowedOp {
             interrupted: None,
         };
         match run.advance(between) {
-            Some(interruption) => Windowed::Suspended(Suspended { run, interruption: Some(interruption) }),
+            Some(interruption) => Windowed::Suspended(Box::new(Suspended { run, interruption: Some(interruption) })),
             None => Windowed::Done(run.finish()),
         }
     }
@@ -193,7 +193,7 @@ pub(crate) enum Windowed<R: ChunkRunner> {
     /// It ran to its end.
     Done(Result<()>),
     /// A read interrupted midway: resume it to finish it.
-    Suspended(Suspended<R>),
+    Suspended(Box<Suspended<R>>),
 }
 
 /// An interrupted windowed read, its chunks in flight, its windows held.
@@ -314,8 +314,8 @@ impl<R: ChunkRunner> WindowRun<R> {
         if self.op.validate {
             let what = self.op.what();
             let (file, direction, offset) = (&self.op.file, self.op.direction, self.op.file_offset);
-            // SAFETY: the caller's bytes, held still (caller.rs).
             self.op.caller.with_bytes(self.op.staging.as_ref(), 0, len, &|| what.clone(), |p| {
+                // SAFETY: the caller's `len` bytes, held still (caller.rs).
                 report_validation(direction, file, offset, unsafe { bytes(p, len) })
             })?;
         }

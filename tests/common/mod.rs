@@ -155,6 +155,7 @@ pub struct Pinned {
 
 // SAFETY: plain memory owned by this value.
 unsafe impl Send for Pinned {}
+// SAFETY: shared references only read the description; as for Send.
 unsafe impl Sync for Pinned {}
 
 impl Pinned {
@@ -185,6 +186,7 @@ impl Pinned {
     }
     /// The whole region as a buffer.
     pub fn desc(&self) -> BufferDesc {
+        // SAFETY: the memory outlives every op on this desc (each is waited for here).
         unsafe { BufferDesc::from_raw_parts(self.ptr(), self.len) }
     }
     /// A narrow `[off, off + len)` of the region.
@@ -203,6 +205,7 @@ impl Drop for Pinned {
 
 /// A plain heap buffer as an op buffer (not pinned: it must bounce).
 pub fn heap_desc(v: &mut [u8]) -> BufferDesc {
+    // SAFETY: the memory outlives every op on this desc (each is waited for here).
     unsafe { BufferDesc::from_raw_parts(v.as_mut_ptr(), v.len()) }
 }
 
