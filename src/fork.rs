@@ -24,7 +24,7 @@
 //! | 2 | each of this process's rings' fixed-buffer tables | `engine/fixed.rs` `FixedTable` | waits for each (within [`FORK_WAIT`] in all) and empties it; not held across the fork: nothing registers while a fork is pending, and the child never uses the parent's rings |
 //! | 3 | the retire listeners, `LISTENERS` | `engine/fixed.rs` | holds it across the fork |
 //! | 4 | the rings' tables, `TABLES` | `engine/fixed.rs` | holds it across the fork |
-//! | 5 | the pinned manager's registry | `pinned.rs` (`PinnedMemoryManager::shared()`) | holds it, for writing, across the fork |
+//! | 5 | the pinned manager's registry | `pinned/manager.rs` (`PinnedMemoryManager::shared()`) | holds it, for writing, across the fork |
 //! | 6 | the bounce pool, `POOL` | `bounce.rs` | holds it across the fork |
 //! | 7 | `info_once`'s keys, `SEEN` | `log.rs` | holds it across the fork |
 //!
@@ -103,7 +103,7 @@ pub(crate) enum Slot {
     RingTables,
     /// 3 and 4: the retire listeners and the rings' tables list.
     RingLists,
-    /// 5: the pinned manager's registry (`pinned.rs`).
+    /// 5: the pinned manager's registry (`pinned/manager.rs`).
     PinnedRegistry,
     /// 6: the bounce pool (`bounce.rs`).
     BouncePool,

@@ -155,7 +155,7 @@ pub struct Pinned {
 
 // SAFETY: plain memory owned by this value.
 unsafe impl Send for Pinned {}
-// SAFETY: shared references only read the description; as for Send.
+// SAFETY: `&self` methods only read the memory; writes take `&mut self`.
 unsafe impl Sync for Pinned {}
 
 impl Pinned {
