@@ -94,8 +94,8 @@ impl HandleConfig {
         self.intra_op_parallelism * knobs::DEEPSPEED_ALIGNMENT_UNIT
     }
 
-    pub fn transfer_knobs(&self) -> crate::engine::Knobs {
-        crate::engine::Knobs {
+    pub fn aio_params(&self) -> crate::engine::AioParams {
+        crate::engine::AioParams {
             block_size: self.block_size,
             queue_depth: self.queue_depth,
             single_submit: self.single_submit,

@@ -69,7 +69,7 @@
 //!   pending ([`fork_pending`]) a run sends no further request and, once its
 //!   in-flight ones (one queue's worth at most) have completed, lets go of
 //!   the table, waits at the gate until the fork is done, takes the table
-//!   back and goes on (`engine/uring.rs`). So the fork waits for in-flight
+//!   back and goes on (`engine/uring/`). So the fork waits for in-flight
 //!   requests, never for a whole run;
 //! * 3 to 7 are held for a few memory operations at a time.
 //!

@@ -78,8 +78,14 @@ fn named_modules(module: &str, text: &str) -> BTreeSet<String> {
     let words: Vec<&str> = text.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).collect();
     for w in words {
         let segs: Vec<&str> = w.split("::").filter(|s| !s.is_empty()).collect();
-        if segs.len() < 2 {
-            continue; // `pub(super)`, `pub(crate)`: visibility, not a path
+        // `super::{a, b}` and `crate::x::{a, b}` split into a word that ends
+        // in `::`: it names that module. A lone `super` or `crate` without
+        // `::` is a visibility (`pub(super)`), not a path.
+        if segs.len() < 2 && !w.ends_with("::") {
+            continue;
+        }
+        if segs.len() == 1 && segs[0] == "crate" {
+            continue; // `crate::{…}`: the crate root, left out below
         }
         let path: Vec<String> = match segs.first() {
             Some(&"crate") => segs[1..].iter().map(|s| s.to_string()).collect(),

@@ -32,7 +32,7 @@
 //! from its first request to its last completion, but while a fork is
 //! pending ([`fork_pending`]) it sends nothing more and, once its in-flight
 //! requests have completed, lets go of the table until the fork is done
-//! (`uring.rs`); the handler unregisters every buffer meanwhile, and nothing
+//! (`uring/`); the handler unregisters every buffer meanwhile, and nothing
 //! registers until the fork is done ([`FixedTable::index_for`]). Rings
 //! register again, lazily, on their next request. A ring whose table the
 //! handler cannot get in time (requests stuck in a dead device) is left

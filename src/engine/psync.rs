@@ -15,7 +15,8 @@ use std::thread::JoinHandle;
 
 use crate::sync::{Condvar, Mutex};
 
-use super::{move_piece_blocking, pieces, Engine, EngineKind, Knobs, Piece, Segment};
+use super::contract::{AioParams, Engine, EngineKind};
+use super::piece::{move_piece_blocking, pieces, Piece, Segment};
 use crate::error::{Direction, TransferError};
 
 /// More threads than this per worker buys nothing on NVMe.
@@ -147,7 +148,7 @@ impl Engine for PsyncEngine {
         &mut self,
         direction: Direction,
         segments: &[Segment],
-        knobs: &Knobs,
+        knobs: &AioParams,
         _memory: Option<&std::sync::Arc<super::fixed::RegistrableMemory>>,
     ) -> Result<(), TransferError> {
         let all: Vec<Piece> = pieces(segments, knobs.block_size).collect();

@@ -29,7 +29,7 @@ impl IoHandle {
             match CpuOp::prepare(
                 request,
                 1,
-                self.config.transfer_knobs(),
+                self.config.aio_params(),
                 self.manager,
                 Mode::Blocking,
             )? {
@@ -104,7 +104,7 @@ impl IoHandle {
         let started = Instant::now();
         let manager = PinnedMemoryManager::shared();
         let (meta, result) =
-            match CpuOp::prepare(request, 1, config.transfer_knobs(), manager, Mode::Blocking)? {
+            match CpuOp::prepare(request, 1, config.aio_params(), manager, Mode::Blocking)? {
                 Prepared::Op(mut op) => {
                     let meta = op.meta();
                     let plan = op.plan().clone();

@@ -46,7 +46,7 @@ impl IoHandle {
                     match CpuOp::prepare(
                         request,
                         parallelism,
-                        self.config.transfer_knobs(),
+                        self.config.aio_params(),
                         self.manager,
                         mode,
                     )? {

@@ -2,7 +2,7 @@
 //! end of file reported as ENODATA with its offset.
 
 use super::common::*;
-use crate::engine::{self, Knobs, Segment};
+use crate::engine::{self, AioParams, Segment};
 use crate::{Direction, EngineKind};
 
 /// Opens `path` for the engine tests: O_DIRECT or buffered.
@@ -25,7 +25,7 @@ fn engines_move_many_segments_with_every_knob() {
                     let path = dir.file(&format!("{kind:?}-{direct}-{block}-{qd}-{ss}-{oe}.bin"));
                     let data = pattern(block as u64 ^ qd as u64, len);
                     let src = Pinned::with(&data);
-                    let knobs = Knobs { block_size: block, queue_depth: qd, single_submit: ss, overlap_events: oe };
+                    let knobs = AioParams { block_size: block, queue_depth: qd, single_submit: ss, overlap_events: oe };
                     let mut eng = engine::create(kind, qd).unwrap();
                     assert_eq!(eng.kind(), kind);
                     // Three segments out of order in the file, 4 KiB aligned
@@ -69,7 +69,7 @@ fn engines_report_end_of_file_as_enodata_with_offset() {
             let mut eng = engine::create(kind, 4).unwrap();
             let dst = Pinned::new(20_000);
             let fd = open_fd(&path, libc::O_RDONLY);
-            let knobs = Knobs { block_size: 3000, queue_depth: 4, single_submit: ss, overlap_events: oe };
+            let knobs = AioParams { block_size: 3000, queue_depth: 4, single_submit: ss, overlap_events: oe };
             let seg = Segment { fd, file_offset: 0, addr: dst.ptr(), len: 20_000 };
             let e = eng.run(Direction::Read, &[seg], &knobs).unwrap_err();
             close_fd(fd);

@@ -3,7 +3,7 @@
 //! and which buffers go direct.
 
 use super::common::*;
-use crate::engine::Knobs;
+use crate::engine::AioParams;
 use crate::op::work::OpCompletion;
 use crate::op::{is_direct_capable, CpuOp, Mode, Prepared};
 
@@ -19,7 +19,7 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
     let path = dir.file("f.bin");
     write_file(&path, &vec![0u8; 1 << 20]);
     let m = PinnedMemoryManager::shared();
-    let knobs = Knobs { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
+    let knobs = AioParams { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
     for par in 1..=4usize {
         let len = 12 * 4096 * 5;
         let buf = Pinned::new(len);
@@ -52,7 +52,7 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
     let op = CpuOp::prepare(
         request(Direction::Write, FileTarget::Path(&path), 1, buf.narrow(1, 10_000)),
         1,
-        Knobs { block_size: 1000, ..knobs },
+        AioParams { block_size: 1000, ..knobs },
         m,
         Mode::Async,
     )
@@ -95,7 +95,7 @@ fn plans_cover_the_op_exactly_and_direct_segments_own_whole_pages() {
         // Memory skewed like the file offset (so the body can go direct), or randomly.
         let skew = if rng.range(0, 1) == 0 { off as usize % 4096 } else { rng.range(0, 4095) };
         let direction = if rng.range(0, 1) == 0 { Direction::Read } else { Direction::Write };
-        let knobs = Knobs { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
+        let knobs = AioParams { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
         let req = request(direction, FileTarget::Path(&path), off as i64, region.narrow(skew, len));
         let op = queued(CpuOp::prepare(req, par, knobs, m, Mode::Async).unwrap());
         let plan = op.plan();
@@ -136,7 +136,7 @@ fn pinned_memory_goes_direct_and_heap_memory_bounces() {
     let path = dir.file("f.bin");
     write_file(&path, &pattern(1, 1 << 16));
     let m = PinnedMemoryManager::shared();
-    let knobs = Knobs { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
+    let knobs = AioParams { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
     let p = Pinned::new(1 << 16);
     let mut v = vec![0u8; 1 << 16];
 

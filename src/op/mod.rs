@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use crate::bounce::{BounceBuffer, Purpose};
 use crate::buffer::{BufferDesc, FixedMemory, Staging};
-use crate::engine::Knobs;
+use crate::engine::AioParams;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{FileTarget, OpenFile};
 use crate::host_copy::parallel_copy;
@@ -150,7 +150,7 @@ impl CpuOp {
     pub fn prepare(
         request: OpRequest<'_>,
         parallelism: usize,
-        knobs: Knobs,
+        knobs: AioParams,
         manager: &PinnedMemoryManager,
         mode: Mode,
     ) -> Result<Prepared> {

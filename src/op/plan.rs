@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::engine::fixed::RegistrableMemory;
-use crate::engine::{Engine, Knobs, Segment, StreamRun};
+use crate::engine::{Engine, AioParams, Segment, StreamRun};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{DioAlignment, FileIdentity, OpenFile};
 use crate::op::work::{Footprint, OpWork};
@@ -53,9 +53,9 @@ pub(crate) struct OpPlan {
     /// The caller's descriptor when the op was given one instead of a path.
     pub caller_fd: Option<RawFd>,
     pub slices: Vec<SlicePlan>,
-    pub knobs: Knobs,
+    pub knobs: AioParams,
     /// `knobs` with the block size rounded to the O_DIRECT alignment.
-    pub direct_knobs: Knobs,
+    pub direct_knobs: AioParams,
     /// The registrable memory the I/O goes to or from (a managed region or
     /// the bounce buffer): rings name it as a fixed buffer.
     pub registrable: Option<Arc<RegistrableMemory>>,
@@ -257,7 +257,7 @@ pub(crate) fn plan_op(
     io_ptr: *mut u8,
     len: usize,
     parallelism: usize,
-    knobs: Knobs,
+    knobs: AioParams,
     registrable: Option<Arc<crate::engine::fixed::RegistrableMemory>>,
 ) -> Result<Arc<OpPlan>> {
     let direct = file.direct();
@@ -267,7 +267,7 @@ pub(crate) fn plan_op(
         patch_buffered_fd(&mut slices, fd);
     }
     let direct_knobs = match direct {
-        Some((_, a)) => Knobs { block_size: (knobs.block_size / a.offset).max(1) * a.offset, ..knobs },
+        Some((_, a)) => AioParams { block_size: (knobs.block_size / a.offset).max(1) * a.offset, ..knobs },
         None => knobs,
     };
     Ok(Arc::new(OpPlan {

@@ -20,7 +20,7 @@ use super::plan::{plan_op, OpPlan};
 use super::work::OpFootprint;
 use crate::bounce::{BounceBuffer, Purpose};
 use crate::buffer::Staging;
-use crate::engine::Knobs;
+use crate::engine::AioParams;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::OpenFile;
 use crate::host_copy::parallel_copy;
@@ -30,7 +30,7 @@ use crate::pinned::page_size;
 /// One window's bytes for a handle's geometry: [`BOUNCE_WINDOW_BYTES`], or a
 /// block per worker when that is more, in whole pages (so each chunk keeps
 /// the op's alignment).
-pub(crate) fn window_bytes(parallelism: usize, knobs: &Knobs) -> usize {
+pub(crate) fn window_bytes(parallelism: usize, knobs: &AioParams) -> usize {
     let per_worker_block = parallelism.max(1).saturating_mul(knobs.block_size.max(1));
     let page = page_size();
     BOUNCE_WINDOW_BYTES.max(per_worker_block).div_ceil(page) * page
@@ -39,7 +39,7 @@ pub(crate) fn window_bytes(parallelism: usize, knobs: &Knobs) -> usize {
 /// How many windows keep the handle's queue full with two more being
 /// copied, within [`BOUNCE_WINDOWS_MIN`]..=[`BOUNCE_WINDOWS_MAX`] and
 /// [`BOUNCE_WINDOWS_MAX_BYTES`] in all.
-pub(crate) fn window_count(parallelism: usize, knobs: &Knobs, window: usize) -> usize {
+pub(crate) fn window_count(parallelism: usize, knobs: &AioParams, window: usize) -> usize {
     let queue = parallelism.max(1).saturating_mul(knobs.queue_depth.max(1)).saturating_mul(knobs.block_size.max(1));
     let most = (BOUNCE_WINDOWS_MAX_BYTES / window.max(1)).clamp(BOUNCE_WINDOWS_MIN, BOUNCE_WINDOWS_MAX);
     (queue.div_ceil(window.max(1)) + 2).clamp(BOUNCE_WINDOWS_MIN, most)
@@ -66,7 +66,7 @@ pub(crate) struct WindowedOp {
     skew: usize,
     validate: bool,
     parallelism: usize,
-    knobs: Knobs,
+    knobs: AioParams,
     window: usize,
 }
 
@@ -80,11 +80,11 @@ impl WindowedOp {
         skew: usize,
         validate: bool,
     ) -> WindowedOp {
-        let knobs = Knobs { block_size: 1, queue_depth: 1, single_submit: false, overlap_events: true };
+        let knobs = AioParams { block_size: 1, queue_depth: 1, single_submit: false, overlap_events: true };
         WindowedOp { direction, file, file_offset, caller, staging, skew, validate, parallelism: 1, knobs, window: 1 }
     }
 
-    pub(super) fn with_geometry(mut self, parallelism: usize, knobs: Knobs, window: usize) -> WindowedOp {
+    pub(super) fn with_geometry(mut self, parallelism: usize, knobs: AioParams, window: usize) -> WindowedOp {
         (self.parallelism, self.knobs, self.window) = (parallelism, knobs, window);
         self
     }
