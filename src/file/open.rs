@@ -1,15 +1,5 @@
-//! Opening the files an op moves bytes to or from, and learning what
-//! O_DIRECT needs from them.
-//!
-//! DeepSpeed opens with `O_DIRECT` (read: `O_RDONLY`; write:
-//! `O_WRONLY|O_CREAT`, mode 0600, no `O_TRUNC`, so a write at an offset keeps
-//! the rest of the file). O_DIRECT only accepts offsets, lengths and buffer
-//! addresses aligned to what the file system reports (`statx`
-//! `STATX_DIOALIGN`); the C++ ignored that and silently wrote nothing. Here an
-//! op also gets a second, buffered descriptor for the parts that cannot go
-//! direct: unaligned heads and tails, misaligned buffers, and file systems
-//! without O_DIRECT at all. A block device's size comes from the
-//! `BLKGETSIZE64` ioctl, since stat reports 0 bytes for one.
+//! Opening an op's file the way DeepSpeed does, with a buffered twin for
+//! what cannot go direct, and closing what the op opened.
 
 use std::ffi::CString;
 use std::io;
@@ -19,20 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Direction, Error, Result};
 
-/// What O_DIRECT requires of a file: offsets and lengths must be multiples of
-/// `offset`, buffer addresses multiples of `memory`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DioAlignment {
-    pub offset: usize,
-    pub memory: usize,
-}
-
-/// Used when the kernel does not report `STATX_DIOALIGN`: 4 KiB satisfies
-/// every common logical block size (512 and 4096).
-pub const CONSERVATIVE_DIO_ALIGNMENT: DioAlignment = DioAlignment {
-    offset: crate::knobs::CONSERVATIVE_DIO_ALIGNMENT,
-    memory: crate::knobs::CONSERVATIVE_DIO_ALIGNMENT,
-};
+use super::stat::{fd_flags, fd_size, is_file_or_block_device, is_regular_file, stat_for_io, DioAlignment, FileIdentity};
 
 /// Where an op's bytes go.
 #[derive(Clone, Copy, Debug)]
@@ -52,27 +29,6 @@ impl std::fmt::Display for FileTarget<'_> {
             FileTarget::Path(p) => write!(f, "{}", p.display()),
             FileTarget::Fd(fd) => write!(f, "fd {fd}"),
         }
-    }
-}
-
-/// A descriptor's status flags (`fcntl(F_GETFL)`): access mode, O_DIRECT,
-/// O_APPEND. Fails with EBADF for a descriptor that is not open.
-pub(crate) fn fd_flags(fd: RawFd) -> io::Result<libc::c_int> {
-    // SAFETY: F_GETFL only reads the descriptor's flags.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(flags)
-    }
-}
-
-/// Whether a descriptor with status `flags` may move bytes in `direction`.
-pub(crate) fn access_allows(flags: libc::c_int, direction: Direction) -> bool {
-    let access = flags & libc::O_ACCMODE;
-    match direction {
-        Direction::Read => access == libc::O_RDONLY || access == libc::O_RDWR,
-        Direction::Write => access == libc::O_WRONLY || access == libc::O_RDWR,
     }
 }
 
@@ -146,133 +102,6 @@ fn above_stdio(fd: RawFd) -> io::Result<RawFd> {
     } else {
         Ok(high)
     }
-}
-
-/// The O_DIRECT alignment of an open file; `None` when the file system says
-/// it has no direct I/O.
-pub fn dio_alignment(fd: RawFd) -> Option<DioAlignment> {
-    stat_for_io(fd).0
-}
-
-/// Which file an open descriptor names (device and inode; for a block
-/// device, the device itself): two ops on one file through different
-/// descriptors or paths have the same identity. (Ops on two block devices
-/// are ordered as if one: see `Footprint::conflicts_with`.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FileIdentity {
-    pub dev_major: u32,
-    pub dev_minor: u32,
-    pub ino: u64,
-    /// A block device (then `dev_*` name the device itself, and `ino` is 0).
-    pub block_device: bool,
-}
-
-/// One `statx` for what an op needs of a file it just opened: the O_DIRECT
-/// alignment (as [`dio_alignment`]), the size (`None` when statx gave
-/// none), so that a read's extent check needs no second system call, and
-/// the file's identity.
-fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>, Option<FileIdentity>) {
-    // SAFETY: statx fills a zeroed struct; the empty path with AT_EMPTY_PATH
-    // refers to `fd` itself.
-    unsafe {
-        let mut stx: libc::statx = std::mem::zeroed();
-        let empty = b"\0";
-        let rc = libc::statx(
-            fd,
-            empty.as_ptr() as *const libc::c_char,
-            libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN | libc::STATX_SIZE | libc::STATX_INO | libc::STATX_TYPE,
-            &mut stx,
-        );
-        // statx always fills the device numbers. A block device is named by
-        // the device it is (two device nodes of one disk are one target).
-        let is_block =
-            rc == 0 && stx.stx_mask & libc::STATX_TYPE != 0 && u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFBLK;
-        // statx gives a block device 0 bytes; on an ioctl failure the size
-        // is left unknown, and `OpenFile::size` asks again and reports it.
-        let size = if is_block {
-            block_device_size(fd).ok()
-        } else {
-            (rc == 0 && stx.stx_mask & libc::STATX_SIZE != 0).then_some(stx.stx_size)
-        };
-        let identity = match (rc, is_block) {
-            (0, true) => Some(FileIdentity {
-                dev_major: stx.stx_rdev_major,
-                dev_minor: stx.stx_rdev_minor,
-                ino: 0,
-                block_device: true,
-            }),
-            (0, false) if stx.stx_mask & libc::STATX_INO != 0 => Some(FileIdentity {
-                dev_major: stx.stx_dev_major,
-                dev_minor: stx.stx_dev_minor,
-                ino: stx.stx_ino,
-                block_device: false,
-            }),
-            _ => None,
-        };
-        if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
-            return (Some(CONSERVATIVE_DIO_ALIGNMENT), size, identity);
-        }
-        if stx.stx_dio_offset_align == 0 {
-            return (None, size, identity);
-        }
-        let alignment = DioAlignment {
-            offset: stx.stx_dio_offset_align as usize,
-            memory: (stx.stx_dio_mem_align as usize).max(1),
-        };
-        (Some(alignment), size, identity)
-    }
-}
-
-fn is_file_or_block_device(fd: RawFd) -> bool {
-    // SAFETY: fstat fills a zeroed struct.
-    unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        libc::fstat(fd, &mut st) == 0 && matches!(st.st_mode & libc::S_IFMT, libc::S_IFREG | libc::S_IFBLK)
-    }
-}
-
-fn is_regular_file(fd: RawFd) -> bool {
-    // SAFETY: fstat fills a zeroed struct.
-    unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        libc::fstat(fd, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFREG
-    }
-}
-
-/// `BLKGETSIZE64` from <linux/fs.h>, `_IOR(0x12, 114, size_t)`: a block
-/// device's size in bytes. This is the asm-generic encoding with an 8-byte
-/// size_t (x86_64, aarch64); powerpc, mips and sparc number it differently.
-const BLKGETSIZE64: u32 = 0x8008_1272;
-
-/// Size in bytes of the block device open on `fd`.
-fn block_device_size(fd: RawFd) -> io::Result<u64> {
-    let mut size: u64 = 0;
-    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer. The request
-    // parameter is c_ulong on glibc and c_int on musl, hence `as _`.
-    let rc = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size as *mut u64) };
-    if rc != 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(size)
-    }
-}
-
-/// Size of an open file, or of a block device (whose `st_size` is 0), and
-/// the call that failed when it cannot be learnt.
-fn fd_size(fd: RawFd) -> std::result::Result<u64, (&'static str, io::Error)> {
-    // SAFETY: fstat fills a zeroed struct.
-    let st = unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        if libc::fstat(fd, &mut st) != 0 {
-            return Err(("fstat of", io::Error::last_os_error()));
-        }
-        st
-    };
-    if st.st_mode & libc::S_IFMT == libc::S_IFBLK {
-        return block_device_size(fd).map_err(|e| ("BLKGETSIZE64 ioctl on", e));
-    }
-    Ok(st.st_size as u64)
 }
 
 impl OpenFile {
