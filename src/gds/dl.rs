@@ -11,7 +11,22 @@
 
 use std::ffi::{c_void, CStr, CString};
 
-use super::error::LoadFailure;
+/// One name `dlopen` was given, and why it did not load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadFailure {
+    /// The name or path tried.
+    pub name: String,
+    /// `dlerror()`'s text, without the name glibc puts in front.
+    pub dlerror: String,
+}
+
+impl LoadFailure {
+    /// The file simply is not there (as opposed to a file that is not a
+    /// loadable library, or one whose dependencies are missing).
+    pub fn is_not_found(&self) -> bool {
+        self.dlerror.contains("No such file or directory")
+    }
+}
 
 /// A loaded shared library. Dropping it does not unload it.
 pub(crate) struct Library {

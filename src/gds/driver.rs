@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use crate::sync::{Mutex, RwLock, RwLockReadGuard};
 
-use super::api::CuContext;
+use super::cuda_api::CuContext;
 use super::config::{ConfigDir, DriverKnobs, CUFILE_ENV_PATH_JSON};
 use super::error::GdsError;
 use super::probe::{environment, Gpu};

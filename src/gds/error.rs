@@ -11,8 +11,9 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::api::cufile_op_error_name;
-use super::registry::Region;
+use super::dl::LoadFailure;
+use super::region::Region;
+use super::status::cufile_op_error_name;
 use crate::knobs::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
 
 /// The two libraries GPUDirect Storage loads at run time.
@@ -48,23 +49,6 @@ impl fmt::Display for GdsLibrary {
             GdsLibrary::CuFile => "libcufile (cuFile, the GPUDirect Storage library)",
             GdsLibrary::Cuda => "libcuda (the NVIDIA driver's CUDA library)",
         })
-    }
-}
-
-/// One name `dlopen` was given, and why it did not load.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LoadFailure {
-    /// The name or path tried.
-    pub name: String,
-    /// `dlerror()`'s text, without the name glibc puts in front.
-    pub dlerror: String,
-}
-
-impl LoadFailure {
-    /// The file simply is not there (as opposed to a file that is not a
-    /// loadable library, or one whose dependencies are missing).
-    pub fn is_not_found(&self) -> bool {
-        self.dlerror.contains("No such file or directory")
     }
 }
 

@@ -27,15 +27,19 @@
 //! expanded); cuFile's log goes there too instead of `./cufile.log`; every
 //! failure is an error for the caller instead of `exit()`.
 
-mod api;
 mod config;
+mod cuda_api;
+mod cufile_api;
 mod dl;
 mod driver;
 mod error;
 mod fd_handles;
 mod piece_pool;
 mod probe;
+mod region;
 mod registry;
+mod status;
+mod symbols;
 mod transfer;
 
 pub(crate) mod op;
@@ -44,9 +48,10 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 pub use config::{ConfigDir, DriverKnobs, CUFILE_ENV_PATH_JSON, MIN_IO_THRESHOLD_SIZE_KB};
-pub use error::{CudaStatus, GdsError, GdsLibrary, LoadFailure, LoadedLibrary};
+pub use dl::LoadFailure;
+pub use error::{CudaStatus, GdsError, GdsLibrary, LoadedLibrary};
 pub use probe::{LibSearch, CUDA_LIB_ENV, CUFILE_LIB_ENV};
-pub use registry::{Region, RegionHit};
+pub use region::{Region, RegionHit};
 pub use transfer::{plan_pieces, GdsTransfer, Piece, PIECE_ALIGN};
 
 use crate::error::{catch_unwind_text, Error, Result};

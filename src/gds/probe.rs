@@ -18,7 +18,8 @@
 
 use std::sync::OnceLock;
 
-use super::api::{CuFileApi, CudaApi};
+use super::cuda_api::CudaApi;
+use super::cufile_api::CuFileApi;
 use super::dl;
 use super::error::{GdsError, GdsLibrary, LoadedLibrary};
 

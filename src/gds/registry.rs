@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 
 use super::error::GdsError;
+use super::region::{Region, RegionHit};
 
 /// The cuFile side of registration.
 pub(crate) trait Registrar {
@@ -28,30 +29,6 @@ pub(crate) trait Registrar {
     fn register(&self, ptr: u64, len: usize, device: i32) -> Result<(), GdsError>;
     /// `cuFileBufDeregister(ptr)` with device `device`'s context current.
     fn deregister(&self, ptr: u64, device: i32) -> Result<(), GdsError>;
-}
-
-/// One registered region.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Region {
-    pub base: u64,
-    pub len: usize,
-    pub device: i32,
-}
-
-impl Region {
-    fn end(&self) -> u64 {
-        self.base + self.len as u64
-    }
-}
-
-/// Where a buffer lies inside a registered region.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RegionHit {
-    /// The region's base: the `devPtr_base` cuFile wants.
-    pub base: u64,
-    /// The buffer's offset from that base: `devPtr_offset`.
-    pub offset: u64,
-    pub device: i32,
 }
 
 /// What [`RegionMap::register`] did.

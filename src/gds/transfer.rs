@@ -7,13 +7,14 @@
 
 use std::os::fd::RawFd;
 
-use super::api::{cufile_op_errno, cufile_op_error_name, CuFileHandle, CUFILEOP_BASE_ERR};
+use super::cufile_api::CuFileHandle;
 use super::driver::{Ctx, CurrentContext};
 use super::error::GdsError;
 use super::fd_handles::FdRegistrations;
 use super::piece_pool;
 use super::probe::Gpu;
 use super::registry::RegionMap;
+use super::status::{cufile_op_errno, cufile_op_error_name, CUFILEOP_BASE_ERR};
 use crate::error::{errno_text, Direction, Error, Result, TransferError};
 use crate::file::{access_allows, fd_flags};
 
