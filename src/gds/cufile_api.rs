@@ -9,6 +9,7 @@
 
 use std::ffi::{c_int, c_void};
 
+use super::config::{DriverKnobs, MIN_IO_THRESHOLD_SIZE_KB};
 use super::cuda_api::CudaApi;
 use super::dl::{function, Library};
 use super::error::{CudaStatus, GdsError, GdsLibrary};
@@ -168,7 +169,7 @@ impl CuFileApi {
     /// (before 1.14), and the caller falls back to a config file.
     pub fn set_parameters(
         &self,
-        knobs: &crate::gds::config::DriverKnobs,
+        knobs: &DriverKnobs,
         log_dir: &std::path::Path,
         cuda: &CudaApi,
     ) -> Result<bool, GdsError> {
@@ -180,7 +181,7 @@ impl CuFileApi {
             (
                 CUFILE_PARAM_EXECUTION_MIN_IO_THRESHOLD_SIZE_KB,
                 "min_io_threshold_size_kb",
-                crate::gds::config::MIN_IO_THRESHOLD_SIZE_KB,
+                MIN_IO_THRESHOLD_SIZE_KB,
             ),
         ];
         for (param, name, value) in sizes {

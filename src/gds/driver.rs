@@ -312,7 +312,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
     }
 
     /// Opens the driver with DeepSpeed's default knobs (as a first handle
-    /// would) and closes it again, unless it is open already. For [`super::probe`].
+    /// would) and closes it again, unless it is open already. For [`super::available::probe`].
     pub fn check_open(&self) -> Result<(), GdsError> {
         self.acquire_valid(DriverKnobs::DEFAULT).map(drop)
     }

@@ -11,7 +11,8 @@
 
 use std::sync::Arc;
 
-use super::{GdsDriverGuard, GdsTransfer};
+use super::guard::GdsDriverGuard;
+use super::transfer::GdsTransfer;
 use crate::engine::Engine;
 use crate::buffer::{Location, Staging};
 use crate::error::{Direction, Error, Result, TransferError};

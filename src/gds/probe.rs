@@ -18,6 +18,7 @@
 
 use std::sync::OnceLock;
 
+use super::catch::catch_gds;
 use super::cuda_api::CudaApi;
 use super::cufile_api::CuFileApi;
 use super::dl;
@@ -136,7 +137,7 @@ pub(crate) fn check_environment(search: &LibSearch) -> Result<Gpu, GdsError> {
 /// The process's libraries and devices, checked once.
 pub(crate) fn environment() -> Result<&'static Gpu, GdsError> {
     static ENV: OnceLock<Result<Gpu, GdsError>> = OnceLock::new();
-    match ENV.get_or_init(|| super::catch_gds(|| check_environment(&LibSearch::from_env()))) {
+    match ENV.get_or_init(|| catch_gds(|| check_environment(&LibSearch::from_env()))) {
         Ok(g) => Ok(g),
         Err(e) => Err(e.clone()),
     }
@@ -147,7 +148,7 @@ mod tests {
     use super::*;
 
     fn pip_cufile() -> Option<String> {
-        super::super::tests::pip_libcufile()
+        crate::gds::tests::pip_libcufile()
     }
 
     #[test]
