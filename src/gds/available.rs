@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use super::catch::catch_gds;
-use super::driver::global;
+use super::cufile_ops::global;
 use super::error::GdsError;
 use super::probe::environment;
 use crate::error::Error;

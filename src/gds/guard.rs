@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use super::catch::catch;
 use super::config::DriverKnobs;
-use super::driver::{global, CoreGuard, CuFileOps, ProcessEnv};
+use super::cufile_ops::{global, CuFileOps, ProcessEnv};
+use super::driver::CoreGuard;
 use super::probe::environment;
 use super::region::RegionHit;
 use super::transfer::{self, GdsTransfer};

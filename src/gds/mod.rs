@@ -30,8 +30,10 @@
 mod available;
 mod catch;
 mod config;
+mod context;
 mod cuda_api;
 mod cufile_api;
+mod cufile_ops;
 mod dl;
 mod driver;
 mod error;

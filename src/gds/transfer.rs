@@ -8,7 +8,7 @@
 use std::os::fd::RawFd;
 
 use super::cufile_api::CuFileHandle;
-use super::driver::{Ctx, CurrentContext};
+use super::context::{Ctx, CurrentContext};
 use super::error::GdsError;
 use super::fd_handles::FdRegistrations;
 use super::piece_pool;
@@ -334,7 +334,7 @@ pub(crate) fn run(
         }
         None => (t.device_ptr, 0, false),
     };
-    let _current = CurrentContext::enter(gpu, ctx)?;
+    let _current = CurrentContext::enter(&gpu.cuda, ctx)?;
     let handle = match FileHandle::acquire(gpu, t.fd) {
         Ok(h) => h,
         Err(e) => {
