@@ -39,7 +39,9 @@ mod driver;
 mod error;
 mod fd_handles;
 mod guard;
+mod io_outcome;
 mod piece_pool;
+mod pieces;
 mod probe;
 mod region;
 mod registry;
@@ -55,8 +57,9 @@ pub use dl::LoadFailure;
 pub use error::{CudaStatus, GdsError, GdsLibrary, LoadedLibrary};
 pub use guard::{GdsDriver, GdsDriverGuard};
 pub use probe::{LibSearch, CUDA_LIB_ENV, CUFILE_LIB_ENV};
+pub use pieces::{plan_pieces, Piece, PIECE_ALIGN};
 pub use region::{Region, RegionHit};
-pub use transfer::{plan_pieces, GdsTransfer, Piece, PIECE_ALIGN};
+pub use transfer::GdsTransfer;
 
 pub(crate) use available::unavailable;
 

@@ -1,26 +1,25 @@
 //! One GDS transfer (`gds_op_desc_t::run` without torch): the file handle is
 //! registered for the op and deregistered when it ends; the bytes are split
-//! into up to `parallelism` pieces, each moved by one `cuFileRead` /
-//! `cuFileWrite` on a thread of the piece pool (`piece_pool.rs`, kept across
-//! transfers) with the device's primary context current; every return value
-//! is checked and short counts are resubmitted.
+//! into up to `parallelism` pieces (`pieces.rs`), each moved by one
+//! `cuFileRead` / `cuFileWrite` on a thread of the piece pool
+//! (`piece_pool.rs`, kept across transfers) with the device's primary
+//! context current; every return value is checked (`io_outcome.rs`) and
+//! short counts are resubmitted. The arguments are checked first
+//! ([`validate`]).
 
 use std::os::fd::RawFd;
 
-use super::cufile_api::CuFileHandle;
 use super::context::{Ctx, CurrentContext};
+use super::cufile_api::CuFileHandle;
 use super::error::GdsError;
 use super::fd_handles::FdRegistrations;
+use super::io_outcome::{interpret, CallOutcome};
 use super::piece_pool;
+use super::pieces::{plan_pieces, Piece};
 use super::probe::Gpu;
 use super::registry::RegionMap;
-use super::status::{cufile_op_errno, cufile_op_error_name, CUFILEOP_BASE_ERR};
-use crate::error::{errno_text, Direction, Error, Result, TransferError};
+use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{access_allows, fd_flags};
-
-/// Piece boundaries inside a transfer fall on multiples of this, so that a
-/// transfer that starts aligned keeps every piece aligned for O_DIRECT.
-pub const PIECE_ALIGN: usize = 4096;
 
 /// How many times in a row a call may be interrupted (EINTR/EAGAIN) without
 /// moving a byte before the transfer fails.
@@ -42,40 +41,6 @@ pub struct GdsTransfer {
     pub len: usize,
     /// The CUDA device that owns `device_ptr` (torch's `tensor.get_device()`).
     pub device_ordinal: i32,
-}
-
-/// One piece of a transfer: bytes `[offset, offset + len)` of it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Piece {
-    pub offset: usize,
-    pub len: usize,
-}
-
-/// Cuts `len` bytes into at most `parallelism` pieces, none smaller than
-/// `block_size` unless the whole is (so small transfers stay on one thread),
-/// with inner boundaries on [`PIECE_ALIGN`]. The pieces cover `[0, len)`
-/// exactly, in order, and none is empty.
-pub fn plan_pieces(len: usize, parallelism: usize, block_size: usize) -> Vec<Piece> {
-    if len == 0 {
-        return Vec::new();
-    }
-    let block_size = block_size.max(1);
-    // Inner pieces are `chunk` bytes: the even share rounded DOWN to the
-    // alignment, so the last piece (the remainder) is never the short one.
-    // Fewer pieces when a share would fall under a block.
-    let chunk_for = |n: usize| len / n / PIECE_ALIGN * PIECE_ALIGN;
-    let mut n = parallelism.max(1).min(len / block_size).max(1);
-    while n > 1 && chunk_for(n) < block_size.max(1) {
-        n -= 1;
-    }
-    let chunk = if n == 1 { len } else { chunk_for(n) };
-    let mut pieces = Vec::with_capacity(n);
-    for i in 0..n {
-        let offset = i * chunk;
-        let l = if i + 1 == n { len - offset } else { chunk };
-        pieces.push(Piece { offset, len: l });
-    }
-    pieces
 }
 
 /// Checks a transfer's arguments before anything touches cuFile.
@@ -124,69 +89,6 @@ pub fn validate(t: &GdsTransfer, parallelism: usize, block_size: usize) -> Resul
         return Err(gds_failure(t, libc::EBADF, format!("the file descriptor is not open for {mode}")));
     }
     Ok(())
-}
-
-/// What one cuFileRead/cuFileWrite return value means.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum CallOutcome {
-    /// This many bytes moved (at least 1).
-    Moved(usize),
-    /// Interrupted; call again.
-    Retry,
-    /// Failed: errno and what happened.
-    Failed { errno: i32, detail: String },
-}
-
-/// Reads a cuFile I/O return: bytes moved; `-1` with `errno` for a POSIX
-/// error; `-errno` for small negatives; `-CU_FILE_*` (beyond 5000) for a
-/// cuFile error. 0 bytes is an end of file for a read, a stall for a write.
-pub(crate) fn interpret(call: &str, direction: Direction, ret: isize, errno: i32, asked: usize) -> CallOutcome {
-    if ret > 0 {
-        let n = ret as usize;
-        if n > asked {
-            return CallOutcome::Failed {
-                errno: libc::EIO,
-                detail: format!("{call} reported {n} bytes moved, more than the {asked} asked"),
-            };
-        }
-        return CallOutcome::Moved(n);
-    }
-    if ret == 0 {
-        return match direction {
-            Direction::Read => {
-                CallOutcome::Failed { errno: libc::ENODATA, detail: format!("{call}: unexpected end of file") }
-            }
-            Direction::Write => {
-                CallOutcome::Failed { errno: libc::EIO, detail: format!("{call}: the device accepted no bytes") }
-            }
-        };
-    }
-    let code = -(ret as i64);
-    let posix = if code == 1 {
-        if errno != 0 {
-            errno
-        } else {
-            libc::EIO
-        }
-    } else if code < CUFILEOP_BASE_ERR {
-        code as i32
-    } else {
-        0
-    };
-    if posix != 0 {
-        if posix == libc::EINTR || posix == libc::EAGAIN {
-            return CallOutcome::Retry;
-        }
-        return CallOutcome::Failed {
-            errno: posix,
-            detail: format!("{call} returned {ret}: POSIX errno {posix} ({})", errno_text(posix)),
-        };
-    }
-    let (name, meaning) = cufile_op_error_name(code);
-    CallOutcome::Failed {
-        errno: cufile_op_errno(code),
-        detail: format!("{call} returned {ret}: cuFile {name}: {meaning}"),
-    }
 }
 
 /// A registered handle shared by the piece threads.
@@ -396,91 +298,6 @@ pub(crate) fn run(
 mod tests {
     use super::*;
 
-    fn check_cover(len: usize, p: usize, bs: usize) -> Vec<Piece> {
-        let pieces = plan_pieces(len, p, bs);
-        let mut at = 0;
-        for (i, piece) in pieces.iter().enumerate() {
-            assert_eq!(piece.offset, at, "contiguous");
-            assert!(piece.len > 0, "no empty piece");
-            if i + 1 < pieces.len() {
-                assert_eq!((piece.offset + piece.len) % PIECE_ALIGN, 0, "inner boundary aligned");
-            }
-            at += piece.len;
-        }
-        assert_eq!(at, len, "covers exactly");
-        assert!(pieces.len() <= p.max(1));
-        pieces
-    }
-
-    #[test]
-    fn pieces_cover_the_transfer_aligned_and_bounded() {
-        assert!(plan_pieces(0, 4, 1 << 20).is_empty());
-        assert_eq!(check_cover(1000, 8, 1 << 20).len(), 1, "small: one piece, one thread");
-        assert_eq!(check_cover(4 << 20, 4, 1 << 20).len(), 4);
-        assert_eq!(check_cover(4 << 20, 8, 1 << 20).len(), 4, "never below one block per piece");
-        assert_eq!(check_cover(4 << 20, 1, 1 << 20).len(), 1);
-        for (len, p, bs) in [(10_000_000, 3, 4096), (123_457, 5, 1), (4096 * 7 + 1, 7, 4096), (1 << 30, 16, 1 << 20)] {
-            check_cover(len, p, bs);
-        }
-        assert_eq!(
-            check_cover(5 << 20, 4, 1 << 20),
-            vec![
-                Piece { offset: 0, len: 1310720 },
-                Piece { offset: 1310720, len: 1310720 },
-                Piece { offset: 2621440, len: 1310720 },
-                Piece { offset: 3932160, len: 1310720 },
-            ]
-        );
-    }
-
-    #[test]
-    fn return_values_are_read_as_bytes_errno_or_cufile_errors() {
-        use Direction::*;
-        assert_eq!(interpret("cuFileRead", Read, 4096, 0, 8192), CallOutcome::Moved(4096));
-        assert!(
-            matches!(interpret("cuFileRead", Read, 9000, 0, 8192), CallOutcome::Failed { errno, .. } if errno == libc::EIO)
-        );
-        match interpret("cuFileRead", Read, 0, 0, 8192) {
-            CallOutcome::Failed { errno, detail } => {
-                assert_eq!(errno, libc::ENODATA);
-                assert!(detail.contains("end of file"));
-            }
-            o => panic!("{o:?}"),
-        }
-        assert!(
-            matches!(interpret("cuFileWrite", Write, 0, 0, 1), CallOutcome::Failed { errno, .. } if errno == libc::EIO)
-        );
-        match interpret("cuFileWrite", Write, -1, libc::ENOSPC, 1) {
-            CallOutcome::Failed { errno, detail } => {
-                assert_eq!(errno, libc::ENOSPC);
-                assert!(detail.contains("POSIX") && detail.contains("errno 28"), "{detail}");
-            }
-            o => panic!("{o:?}"),
-        }
-        assert!(
-            matches!(interpret("cuFileRead", Read, -1, 0, 1), CallOutcome::Failed { errno, .. } if errno == libc::EIO)
-        );
-        assert_eq!(interpret("cuFileRead", Read, -1, libc::EINTR, 1), CallOutcome::Retry);
-        assert_eq!(interpret("cuFileRead", Read, -(libc::EAGAIN as isize), 0, 1), CallOutcome::Retry);
-        assert!(
-            matches!(interpret("cuFileRead", Read, -(libc::EINVAL as isize), 0, 1), CallOutcome::Failed { errno, .. } if errno == libc::EINVAL)
-        );
-        match interpret("cuFileRead", Read, -5020, 0, 1) {
-            CallOutcome::Failed { errno, detail } => {
-                assert_eq!(errno, libc::EINVAL);
-                assert!(detail.contains("CU_FILE_DIO_NOT_SET") && detail.contains("-5020"), "{detail}");
-            }
-            o => panic!("{o:?}"),
-        }
-        match interpret("cuFileRead", Read, -5044, 0, 1) {
-            CallOutcome::Failed { errno, detail } => {
-                assert_eq!(errno, libc::EIO);
-                assert!(detail.contains("CU_FILE_IO_ERROR"), "{detail}");
-            }
-            o => panic!("{o:?}"),
-        }
-    }
-
     fn transfer(fd: RawFd, direction: Direction) -> GdsTransfer {
         GdsTransfer { direction, fd, file_offset: 0, device_ptr: 0x7f00_0000_0000, len: 4096, device_ordinal: 0 }
     }
@@ -520,7 +337,3 @@ mod tests {
         }
     }
 }
-
-#[cfg(test)]
-#[path = "transfer_proptests.rs"]
-mod proptests;
