@@ -134,7 +134,7 @@ fn child_acquire_cycle() {
             say("acquire", "OK");
             let g2 = GdsDriver::acquire(128, 1, 1 << 20).expect("second acquire shares the driver");
             say("open_count", GdsDriver::open_count());
-            say("knobs_kept", g2.knobs() == g1.knobs() && g1.knobs().queue_depth == 64);
+            say("settings_kept", g2.settings() == g1.settings() && g1.settings().queue_depth == 64);
             match GdsDriver::config_file() {
                 Some(file) => {
                     let dir = file.parent().unwrap().to_path_buf();
@@ -142,7 +142,7 @@ fn child_acquire_cycle() {
                     say("config_dir_mode", format!("{:o}", std::fs::metadata(&dir).unwrap().mode() & 0o777));
                     let text = std::fs::read_to_string(&file).unwrap_or_default();
                     say(
-                        "config_has_knobs",
+                        "config_has_settings",
                         text.contains("\"max_io_queue_depth\": 64") && text.contains("\"max_io_threads\": 2"),
                     );
                     say("env_points_at_config", std::env::var_os(CUFILE_ENV_PATH_JSON) == Some(file.into_os_string()));
@@ -312,11 +312,11 @@ fn acquire_on_this_machine_follows_the_config_rules() {
     let a = c.result("acquire");
     if a == "OK" {
         assert_eq!(c.result("open_count"), "2");
-        assert_eq!(c.result("knobs_kept"), "true");
+        assert_eq!(c.result("settings_kept"), "true");
         let dir = c.result("config_dir");
         assert!(Path::new(dir).starts_with(&tmp), "config dir {dir} is under TMPDIR {}", tmp.display());
         assert_eq!(c.result("config_dir_mode"), "700");
-        assert_eq!(c.result("config_has_knobs"), "true");
+        assert_eq!(c.result("config_has_settings"), "true");
         assert_eq!(c.result("env_points_at_config"), "true");
         assert_eq!(c.result("config_kept_while_open"), "true");
         assert_eq!(c.result("config_removed_at_close"), "true");

@@ -20,7 +20,7 @@ pub(crate) fn unavailable(reason: String) -> Error {
 ///
 /// `Ok(())` when libcufile and libcuda load, `cuInit` succeeds, a CUDA
 /// device is visible and the cuFile driver opens (when no handle holds it
-/// open yet, it is opened with DeepSpeed's default knobs and closed again).
+/// open yet, it is opened with DeepSpeed's default settings and closed again).
 /// Otherwise the [`GdsError`] says precisely what is missing: the libcufile
 /// names tried (see [`LibSearch`]; `DEEPNVME_CUFILE_LIB` overrides them),
 /// libcuda / the NVIDIA driver, no device, or the `cuFileDriverOpen` status

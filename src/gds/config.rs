@@ -30,17 +30,17 @@ use super::error::GdsError;
 use crate::error::Error;
 use crate::knobs;
 
-/// The knobs the driver is opened with (those of the first handle).
+/// The settings the driver is opened with (those of the first handle).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DriverKnobs {
+pub struct DriverSettings {
     pub queue_depth: usize,
     pub intra_op_parallelism: usize,
     pub block_size: usize,
 }
 
-impl DriverKnobs {
+impl DriverSettings {
     /// DeepSpeed's handle defaults: queue depth 128, parallelism 1, 1 MiB blocks.
-    pub const DEFAULT: DriverKnobs = DriverKnobs {
+    pub const DEFAULT: DriverSettings = DriverSettings {
         queue_depth: knobs::DEFAULT_QUEUE_DEPTH,
         intra_op_parallelism: knobs::DEFAULT_INTRA_OP_PARALLELISM,
         block_size: knobs::DEFAULT_BLOCK_SIZE,
@@ -74,15 +74,15 @@ impl DriverKnobs {
 use crate::json::string as json_string;
 
 /// The config text: DeepSpeed's `execution` keys, plus the log directory.
-pub(crate) fn config_json(knobs: &DriverKnobs, log_dir: &str) -> String {
+pub(crate) fn config_json(settings: &DriverSettings, log_dir: &str) -> String {
     format!(
         "{{\n  \"logging\": {{\n    \"dir\": {}\n  }},\n  \"execution\": {{\n    \"max_io_queue_depth\": {},\n    \
          \"max_request_parallelism\": {},\n    \"max_io_threads\": {},\n    \"parallel_io\": true,\n    \
          \"min_io_threshold_size_kb\": {}\n  }}\n}}\n",
         json_string(log_dir),
-        knobs.queue_depth,
-        knobs.intra_op_parallelism,
-        knobs.intra_op_parallelism,
+        settings.queue_depth,
+        settings.intra_op_parallelism,
+        settings.intra_op_parallelism,
         MIN_IO_THRESHOLD_SIZE_KB
     )
 }
@@ -115,7 +115,7 @@ pub struct ConfigDir {
 impl ConfigDir {
     /// Creates `<base>/deepnvme-cufile-XXXXXX` (mode 0700) and writes
     /// `cufile.json` (mode 0600) into it.
-    pub fn create(base: &Path, knobs: &DriverKnobs) -> Result<ConfigDir, GdsError> {
+    pub fn create(base: &Path, settings: &DriverSettings) -> Result<ConfigDir, GdsError> {
         let fail = |action: &'static str, path: &Path, e: std::io::Error| GdsError::Config {
             action,
             path: path.to_path_buf(),
@@ -143,7 +143,7 @@ impl ConfigDir {
             let e = std::io::Error::new(std::io::ErrorKind::InvalidData, "the path is not UTF-8");
             fail("using as cuFile's log directory", &me.dir, e)
         })?;
-        let text = config_json(knobs, log_dir);
+        let text = config_json(settings, log_dir);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -214,10 +214,10 @@ mod tests {
     }
 
     #[test]
-    fn config_is_private_holds_the_knobs_and_is_removed_on_drop() {
+    fn config_is_private_holds_the_settings_and_is_removed_on_drop() {
         let base = scratch("private");
-        let knobs = DriverKnobs { queue_depth: 32, intra_op_parallelism: 4, block_size: 8 << 20 };
-        let cfg = ConfigDir::create(&base, &knobs).expect("create");
+        let settings = DriverSettings { queue_depth: 32, intra_op_parallelism: 4, block_size: 8 << 20 };
+        let cfg = ConfigDir::create(&base, &settings).expect("create");
         let dir = cfg.dir().to_path_buf();
         assert!(dir.starts_with(&base), "{} under {}", dir.display(), base.display());
         assert!(dir.file_name().unwrap().to_str().unwrap().starts_with("deepnvme-cufile-"));
@@ -250,8 +250,8 @@ mod tests {
     #[test]
     fn two_configs_get_distinct_directories() {
         let base = scratch("distinct");
-        let a = ConfigDir::create(&base, &DriverKnobs::DEFAULT).unwrap();
-        let b = ConfigDir::create(&base, &DriverKnobs::DEFAULT).unwrap();
+        let a = ConfigDir::create(&base, &DriverSettings::DEFAULT).unwrap();
+        let b = ConfigDir::create(&base, &DriverSettings::DEFAULT).unwrap();
         assert_ne!(a.dir(), b.dir());
         drop((a, b));
         assert_eq!(std::fs::read_dir(&base).unwrap().count(), 0);
@@ -260,7 +260,7 @@ mod tests {
 
     #[test]
     fn an_unusable_base_is_an_error_not_a_panic() {
-        let err = ConfigDir::create(Path::new("/nonexistent/deepnvme/base"), &DriverKnobs::DEFAULT).unwrap_err();
+        let err = ConfigDir::create(Path::new("/nonexistent/deepnvme/base"), &DriverSettings::DEFAULT).unwrap_err();
         match &err {
             GdsError::Config { path, source, .. } => {
                 assert_eq!(path, Path::new("/nonexistent/deepnvme/base"));
@@ -280,12 +280,12 @@ mod tests {
     }
 
     #[test]
-    fn knobs_are_checked() {
-        assert!(DriverKnobs::DEFAULT.validate().is_ok());
-        assert_eq!(DriverKnobs::DEFAULT.max_direct_io_kb(), 1024);
-        assert!(DriverKnobs { queue_depth: 0, ..DriverKnobs::DEFAULT }.validate().is_err());
-        assert!(DriverKnobs { intra_op_parallelism: 0, ..DriverKnobs::DEFAULT }.validate().is_err());
-        let e = DriverKnobs { block_size: 512, ..DriverKnobs::DEFAULT }.validate().unwrap_err();
+    fn settings_are_checked() {
+        assert!(DriverSettings::DEFAULT.validate().is_ok());
+        assert_eq!(DriverSettings::DEFAULT.max_direct_io_kb(), 1024);
+        assert!(DriverSettings { queue_depth: 0, ..DriverSettings::DEFAULT }.validate().is_err());
+        assert!(DriverSettings { intra_op_parallelism: 0, ..DriverSettings::DEFAULT }.validate().is_err());
+        let e = DriverSettings { block_size: 512, ..DriverSettings::DEFAULT }.validate().unwrap_err();
         assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("1 KiB") && m.starts_with("GDS handle: ")), "{e}");
     }
 }

@@ -9,7 +9,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::config::{DriverKnobs, MIN_IO_THRESHOLD_SIZE_KB};
+use super::config::{DriverSettings, MIN_IO_THRESHOLD_SIZE_KB};
 use super::cuda_api::CudaApi;
 use super::dl::{function, Library};
 use super::error::{CudaStatus, GdsError, GdsLibrary};
@@ -169,15 +169,15 @@ impl CuFileApi {
     /// (before 1.14), and the caller falls back to a config file.
     pub fn set_parameters(
         &self,
-        knobs: &DriverKnobs,
+        settings: &DriverSettings,
         log_dir: &std::path::Path,
         cuda: &CudaApi,
     ) -> Result<bool, GdsError> {
         let Some(api) = self.parameters else { return Ok(false) };
         let sizes = [
-            (CUFILE_PARAM_EXECUTION_MAX_IO_QUEUE_DEPTH, "max_io_queue_depth", knobs.queue_depth),
-            (CUFILE_PARAM_EXECUTION_MAX_IO_THREADS, "max_io_threads", knobs.intra_op_parallelism),
-            (CUFILE_PARAM_EXECUTION_MAX_REQUEST_PARALLELISM, "max_request_parallelism", knobs.intra_op_parallelism),
+            (CUFILE_PARAM_EXECUTION_MAX_IO_QUEUE_DEPTH, "max_io_queue_depth", settings.queue_depth),
+            (CUFILE_PARAM_EXECUTION_MAX_IO_THREADS, "max_io_threads", settings.intra_op_parallelism),
+            (CUFILE_PARAM_EXECUTION_MAX_REQUEST_PARALLELISM, "max_request_parallelism", settings.intra_op_parallelism),
             (
                 CUFILE_PARAM_EXECUTION_MIN_IO_THRESHOLD_SIZE_KB,
                 "min_io_threshold_size_kb",

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::sync::OnceLock;
 
-use super::config::{site_config, temp_base, DriverKnobs};
+use super::config::{site_config, temp_base, DriverSettings};
 use super::context::{Ctx, CurrentContext};
 use super::driver::{DriverCore, DriverOps, EnvAccess};
 use super::error::GdsError;
@@ -94,9 +94,9 @@ impl DriverOps for CuFileOps {
         let gpu = self.gpu()?;
         gpu.cufile.set_max_direct_io_size_kb(kb, &gpu.cuda)
     }
-    fn set_parameters(&self, knobs: &DriverKnobs, log_dir: &std::path::Path) -> Result<bool, GdsError> {
+    fn set_parameters(&self, settings: &DriverSettings, log_dir: &std::path::Path) -> Result<bool, GdsError> {
         let gpu = self.gpu()?;
-        gpu.cufile.set_parameters(knobs, log_dir, &gpu.cuda)
+        gpu.cufile.set_parameters(settings, log_dir, &gpu.cuda)
     }
     fn close(&self, close_driver: bool) -> Result<(), GdsError> {
         let gpu = self.gpu()?;

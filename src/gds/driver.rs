@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use crate::sync::{Mutex, RwLock, RwLockReadGuard};
 
-use super::config::{ConfigDir, DriverKnobs, CUFILE_ENV_PATH_JSON};
+use super::config::{ConfigDir, DriverSettings, CUFILE_ENV_PATH_JSON};
 use super::error::GdsError;
 use super::registry::{RegionMap, RegisterOutcome, Registrar};
 
@@ -27,7 +27,7 @@ pub(crate) trait DriverOps: Registrar + Send + Sync {
     /// Sets the config through cuFile's parameter API (before `open`), with
     /// cuFile's log in `log_dir`. `Ok(false)`: the library has none (cuFile
     /// before 1.14); the config then goes through `CUFILE_ENV_PATH_JSON`.
-    fn set_parameters(&self, knobs: &DriverKnobs, log_dir: &std::path::Path) -> Result<bool, GdsError>;
+    fn set_parameters(&self, settings: &DriverSettings, log_dir: &std::path::Path) -> Result<bool, GdsError>;
     /// Releases per-device state, and closes the driver when `close_driver`.
     fn close(&self, close_driver: bool) -> Result<(), GdsError>;
 }
@@ -42,7 +42,7 @@ pub(crate) trait EnvAccess: Send + Sync {
 /// What the driver was opened with.
 #[derive(Debug)]
 struct Session {
-    knobs: DriverKnobs,
+    settings: DriverSettings,
     /// Our config directory; `None` when the user's CUFILE_ENV_PATH_JSON was kept.
     config: Option<ConfigDir>,
     /// The value we put into CUFILE_ENV_PATH_JSON (removed at close if still ours).
@@ -111,9 +111,9 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
         self.state.lock().refs
     }
 
-    /// The knobs the open driver was configured with.
-    pub fn knobs(&self) -> Option<DriverKnobs> {
-        self.state.lock().session.as_ref().map(|s| s.knobs)
+    /// The settings the open driver was configured with.
+    pub fn settings(&self) -> Option<DriverSettings> {
+        self.state.lock().session.as_ref().map(|s| s.settings)
     }
 
     /// The last `max` lines cuFile logged into our config directory while
@@ -127,27 +127,27 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
         self.state.lock().session.as_ref().and_then(|s| s.config.as_ref().map(|c| c.file().to_path_buf()))
     }
 
-    /// Takes a reference; the first one opens the driver with `knobs`.
-    /// [`crate::Error::InvalidArgument`] for bad knobs, else [`crate::Error::Gds`].
-    pub fn acquire(&self, knobs: DriverKnobs) -> crate::Result<CoreGuard<'_, D, E>> {
-        knobs.validate()?;
-        Ok(self.acquire_valid(knobs)?)
+    /// Takes a reference; the first one opens the driver with `settings`.
+    /// [`crate::Error::InvalidArgument`] for bad settings, else [`crate::Error::Gds`].
+    pub fn acquire(&self, settings: DriverSettings) -> crate::Result<CoreGuard<'_, D, E>> {
+        settings.validate()?;
+        Ok(self.acquire_valid(settings)?)
     }
 
-    /// [`DriverCore::acquire`] for knobs known to be valid.
-    fn acquire_valid(&self, knobs: DriverKnobs) -> Result<CoreGuard<'_, D, E>, GdsError> {
+    /// [`DriverCore::acquire`] for settings known to be valid.
+    fn acquire_valid(&self, settings: DriverSettings) -> Result<CoreGuard<'_, D, E>, GdsError> {
         let mut st = self.state.lock();
         if st.refs == 0 {
             self.ops.ready()?;
-            st.session = Some(self.open_session(knobs)?);
+            st.session = Some(self.open_session(settings)?);
         } else if let Some(s) = &st.session {
-            if s.knobs != knobs {
+            if s.settings != settings {
                 crate::log::info_once(
-                    "gds-driver-knobs",
+                    "gds-driver-settings",
                     &format!(
                         "the cuFile driver is already open with {:?}; a handle asking for {:?} shares it \
                          (only the first handle's queue depth, parallelism and block size configure cuFile)",
-                        s.knobs, knobs
+                        s.settings, settings
                     ),
                 );
             }
@@ -156,7 +156,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
         Ok(CoreGuard { core: self })
     }
 
-    fn open_session(&self, knobs: DriverKnobs) -> Result<Session, GdsError> {
+    fn open_session(&self, settings: DriverSettings) -> Result<Session, GdsError> {
         let (config, env_value) = match self.env.get(CUFILE_ENV_PATH_JSON) {
             Some(user) => {
                 crate::log::info_once(
@@ -187,8 +187,8 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
             None => {
                 // The private directory holds cuFile's log either way (and
                 // the config file, read only through the fallback).
-                let cfg = ConfigDir::create(&(self.temp_base)(), &knobs)?;
-                let by_parameters = self.ops.set_parameters(&knobs, cfg.dir()).unwrap_or_else(|e| {
+                let cfg = ConfigDir::create(&(self.temp_base)(), &settings)?;
+                let by_parameters = self.ops.set_parameters(&settings, cfg.dir()).unwrap_or_else(|e| {
                     // E.g. the driver is already open (another library in
                     // the process): cuFile then takes no parameters, and the
                     // open below shares that driver as before.
@@ -207,7 +207,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
                 }
             }
         };
-        let mut session = Session { knobs, config, env_value, opened_by_us: false };
+        let mut session = Session { settings, config, env_value, opened_by_us: false };
         match self.ops.open() {
             Ok(ours) => session.opened_by_us = ours,
             Err(e) => {
@@ -223,11 +223,11 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
                  so this process's cuFile config is the one it was opened with",
             );
         }
-        let kb = knobs.max_direct_io_kb();
+        let kb = settings.max_direct_io_kb();
         if let Err(e) = self.ops.set_max_direct_io_kb(kb) {
             self.close_driver(session.opened_by_us);
             self.end_session(session);
-            return Err(GdsError::DirectIoSize { source: Box::new(e), block_size: knobs.block_size });
+            return Err(GdsError::DirectIoSize { source: Box::new(e), block_size: settings.block_size });
         }
         Ok(session)
     }
@@ -289,10 +289,10 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
         }
     }
 
-    /// Opens the driver with DeepSpeed's default knobs (as a first handle
+    /// Opens the driver with DeepSpeed's default settings (as a first handle
     /// would) and closes it again, unless it is open already. For [`super::available::probe`].
     pub fn check_open(&self) -> Result<(), GdsError> {
-        self.acquire_valid(DriverKnobs::DEFAULT).map(drop)
+        self.acquire_valid(DriverSettings::DEFAULT).map(drop)
     }
 
     pub fn register(&self, ptr: u64, len: usize) -> Result<RegisterOutcome, GdsError> {

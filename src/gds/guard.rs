@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::catch::catch;
-use super::config::DriverKnobs;
+use super::config::DriverSettings;
 use super::cufile_ops::{global, CuFileOps, ProcessEnv};
 use super::driver::CoreGuard;
 use super::probe::environment;
@@ -44,7 +44,7 @@ impl GdsDriver {
     /// 8192) into a private 0700 temp directory, sets `CUFILE_ENV_PATH_JSON`
     /// to it unless already set, calls `cuFileDriverOpen` and
     /// `cuFileDriverSetMaxDirectIOSize(block_size / 1024)`. Later references
-    /// share that driver (their knobs do not reconfigure it).
+    /// share that driver (their settings do not reconfigure it).
     ///
     /// Errors: [`Error::InvalidArgument`] for a zero knob or a block size
     /// under 1 KiB; [`Error::Gds`] naming what is missing or what cuFile
@@ -52,8 +52,8 @@ impl GdsDriver {
     /// May block (driver open): call without the GIL.
     pub fn acquire(queue_depth: usize, intra_op_parallelism: usize, block_size: usize) -> Result<GdsDriverGuard> {
         catch(|| {
-            let knobs = DriverKnobs { queue_depth, intra_op_parallelism, block_size };
-            Ok(GdsDriverGuard { guard: global().acquire(knobs)? })
+            let settings = DriverSettings { queue_depth, intra_op_parallelism, block_size };
+            Ok(GdsDriverGuard { guard: global().acquire(settings)? })
         })
     }
 
@@ -78,14 +78,14 @@ pub struct GdsDriverGuard {
 
 impl std::fmt::Debug for GdsDriverGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GdsDriverGuard").field("knobs", &self.knobs()).finish()
+        f.debug_struct("GdsDriverGuard").field("settings", &self.settings()).finish()
     }
 }
 
 impl GdsDriverGuard {
-    /// The knobs the driver was opened with (the first handle's).
-    pub fn knobs(&self) -> DriverKnobs {
-        self.guard.core().knobs().unwrap_or(DriverKnobs::DEFAULT)
+    /// The settings the driver was opened with (the first handle's).
+    pub fn settings(&self) -> DriverSettings {
+        self.guard.core().settings().unwrap_or(DriverSettings::DEFAULT)
     }
 
     /// Registers device memory `[ptr, ptr + len)` with cuFile
@@ -176,7 +176,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_knobs_are_refused_before_any_library_is_touched() {
+    fn bad_settings_are_refused_before_any_library_is_touched() {
         match GdsDriver::acquire(0, 1, 1 << 20) {
             Err(Error::InvalidArgument(m)) => assert!(m.starts_with("GDS handle: queue_depth"), "{m}"),
             other => panic!("{other:?}"),

@@ -52,12 +52,12 @@ mod transfer;
 pub(crate) mod op;
 
 pub use available::{environment_summary, probe};
-pub use config::{ConfigDir, DriverKnobs, CUFILE_ENV_PATH_JSON, MIN_IO_THRESHOLD_SIZE_KB};
+pub use config::{ConfigDir, DriverSettings, CUFILE_ENV_PATH_JSON, MIN_IO_THRESHOLD_SIZE_KB};
 pub use dl::LoadFailure;
 pub use error::{CudaStatus, GdsError, GdsLibrary, LoadedLibrary};
 pub use guard::{GdsDriver, GdsDriverGuard};
 pub use probe::{LibSearch, CUDA_LIB_ENV, CUFILE_LIB_ENV};
-pub use pieces::{plan_pieces, Piece, PIECE_ALIGN};
+pub use pieces::{plan_pieces, DevicePiece, PIECE_ALIGN};
 pub use region::{Region, RegionHit};
 pub use transfer::GdsTransfer;
 

@@ -1,6 +1,6 @@
 //! How one GDS transfer is cut among its threads: [`plan_pieces`] splits
-//! the bytes into up to `parallelism` [`Piece`]s of at least a block each,
-//! with inner boundaries on [`PIECE_ALIGN`].
+//! the bytes into up to `parallelism` [`DevicePiece`]s of at least a block
+//! each, with inner boundaries on [`PIECE_ALIGN`].
 
 /// Piece boundaries inside a transfer fall on multiples of this, so that a
 /// transfer that starts aligned keeps every piece aligned for O_DIRECT.
@@ -8,7 +8,7 @@ pub const PIECE_ALIGN: usize = 4096;
 
 /// One piece of a transfer: bytes `[offset, offset + len)` of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Piece {
+pub struct DevicePiece {
     pub offset: usize,
     pub len: usize,
 }
@@ -17,7 +17,7 @@ pub struct Piece {
 /// `block_size` unless the whole is (so small transfers stay on one thread),
 /// with inner boundaries on [`PIECE_ALIGN`]. The pieces cover `[0, len)`
 /// exactly, in order, and none is empty.
-pub fn plan_pieces(len: usize, parallelism: usize, block_size: usize) -> Vec<Piece> {
+pub fn plan_pieces(len: usize, parallelism: usize, block_size: usize) -> Vec<DevicePiece> {
     if len == 0 {
         return Vec::new();
     }
@@ -35,7 +35,7 @@ pub fn plan_pieces(len: usize, parallelism: usize, block_size: usize) -> Vec<Pie
     for i in 0..n {
         let offset = i * chunk;
         let l = if i + 1 == n { len - offset } else { chunk };
-        pieces.push(Piece { offset, len: l });
+        pieces.push(DevicePiece { offset, len: l });
     }
     pieces
 }
@@ -44,7 +44,7 @@ pub fn plan_pieces(len: usize, parallelism: usize, block_size: usize) -> Vec<Pie
 mod tests {
     use super::*;
 
-    fn check_cover(len: usize, p: usize, bs: usize) -> Vec<Piece> {
+    fn check_cover(len: usize, p: usize, bs: usize) -> Vec<DevicePiece> {
         let pieces = plan_pieces(len, p, bs);
         let mut at = 0;
         for (i, piece) in pieces.iter().enumerate() {
@@ -73,10 +73,10 @@ mod tests {
         assert_eq!(
             check_cover(5 << 20, 4, 1 << 20),
             vec![
-                Piece { offset: 0, len: 1310720 },
-                Piece { offset: 1310720, len: 1310720 },
-                Piece { offset: 2621440, len: 1310720 },
-                Piece { offset: 3932160, len: 1310720 },
+                DevicePiece { offset: 0, len: 1310720 },
+                DevicePiece { offset: 1310720, len: 1310720 },
+                DevicePiece { offset: 2621440, len: 1310720 },
+                DevicePiece { offset: 3932160, len: 1310720 },
             ]
         );
     }

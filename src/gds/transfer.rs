@@ -15,7 +15,7 @@ use super::error::GdsError;
 use super::fd_handles::FdRegistrations;
 use super::io_outcome::{interpret, CallOutcome};
 use super::piece_pool;
-use super::pieces::{plan_pieces, Piece};
+use super::pieces::{plan_pieces, DevicePiece};
 use super::probe::Gpu;
 use super::registry::RegionMap;
 use crate::error::{Direction, Error, Result, TransferError};
@@ -133,7 +133,7 @@ struct PieceJob {
 }
 
 impl PieceJob {
-    fn run(&self, piece: Piece) -> std::result::Result<(), TransferError> {
+    fn run(&self, piece: DevicePiece) -> std::result::Result<(), TransferError> {
         let write = self.t.direction == Direction::Write;
         let call = if write { "cuFileWrite" } else { "cuFileRead" };
         let mut done = 0usize;
@@ -196,7 +196,7 @@ fn gds_failure(t: &GdsTransfer, errno: i32, detail: String) -> Error {
 }
 
 /// A piece of `t` that failed for a reason of its own (no cuFile status).
-fn piece_error_of(t: &GdsTransfer, piece: &Piece, detail: String) -> TransferError {
+fn piece_error_of(t: &GdsTransfer, piece: &DevicePiece, detail: String) -> TransferError {
     TransferError {
         direction: t.direction,
         path: None,
@@ -250,7 +250,7 @@ pub(crate) fn run(
     };
     let job = PieceJob { gpu, t: *t, handle: handle.handle, base, buf_offset, registered };
     let pieces = plan_pieces(t.len, parallelism, block_size);
-    let piece_error = |piece: &Piece, detail: String| piece_error_of(t, piece, detail);
+    let piece_error = |piece: &DevicePiece, detail: String| piece_error_of(t, piece, detail);
     let result = if pieces.len() == 1 {
         job.run(pieces[0])
     } else {
@@ -319,7 +319,7 @@ mod tests {
             .contains("device"));
         assert!(msg(validate(&GdsTransfer { file_offset: i64::MAX as u64, ..transfer(fd, Direction::Read) }, 1, 4096))
             .contains("largest file offset"));
-        // Zero bytes: nothing to check beyond the knobs.
+        // Zero bytes: nothing to check beyond the settings.
         assert!(validate(&GdsTransfer { len: 0, device_ptr: 0, ..transfer(fd, Direction::Read) }, 1, 4096).is_ok());
         // A read-only fd cannot be written through.
         let e = validate(&transfer(fd, Direction::Write), 1, 4096).unwrap_err();

@@ -63,15 +63,15 @@ impl DriverOps for FakeOps {
             None => Ok(!*self.already_open.lock()),
         }
     }
-    fn set_parameters(&self, knobs: &DriverKnobs, log_dir: &std::path::Path) -> Result<bool, GdsError> {
+    fn set_parameters(&self, settings: &DriverSettings, log_dir: &std::path::Path) -> Result<bool, GdsError> {
         if let Some(e) = self.fail_parameters.lock().clone() {
             return Err(e);
         }
         if self.parameter_api {
             self.log.lock().push(format!(
                 "parameters qd={} threads={} log_dir={}",
-                knobs.queue_depth,
-                knobs.intra_op_parallelism,
+                settings.queue_depth,
+                settings.intra_op_parallelism,
                 log_dir.display()
             ));
         }
@@ -116,7 +116,7 @@ fn setup(tag: &str) -> (DriverCore<FakeOps, std::sync::Arc<FakeEnv>>, std::sync:
     (core, env, base)
 }
 
-/// With cuFile's parameter API (1.14+) the knobs and the log directory
+/// With cuFile's parameter API (1.14+) the settings and the log directory
 /// are set in-process before open, and the environment is never written
 /// (setenv races a concurrent getenv in other threads: CUDA, NCCL, torch).
 #[test]
@@ -128,8 +128,8 @@ fn the_parameter_api_configures_cufile_without_touching_the_environment() {
     *ops.env.lock() = Some(env.clone());
     let b = base.clone();
     let core = DriverCore::new(ops, env.clone(), Box::new(move || b.clone()));
-    let knobs = DriverKnobs { queue_depth: 64, intra_op_parallelism: 2, block_size: 4 << 20 };
-    let g = core.acquire(knobs).unwrap();
+    let settings = DriverSettings { queue_depth: 64, intra_op_parallelism: 2, block_size: 4 << 20 };
+    let g = core.acquire(settings).unwrap();
     assert_eq!(*core.ops.env_at_open.lock(), Some(None), "CUFILE_ENV_PATH_JSON was set");
     assert_eq!(env.get(CUFILE_ENV_PATH_JSON), None);
     let log = core.ops.log.lock().clone();
@@ -150,7 +150,7 @@ fn the_parameter_api_configures_cufile_without_touching_the_environment() {
 fn a_refused_parameter_api_falls_back_to_the_config_file() {
     let (core, env, _base) = setup("params-refused");
     *core.ops.fail_parameters.lock() = Some(GdsError::Unavailable("driver already open".into()));
-    let g = core.acquire(DriverKnobs::DEFAULT).unwrap();
+    let g = core.acquire(DriverSettings::DEFAULT).unwrap();
     let file = core.config_file().expect("a config file was written");
     assert_eq!(*core.ops.env_at_open.lock(), Some(Some(file.into_os_string())), "the env file was used");
     drop(g);
@@ -164,8 +164,8 @@ fn entries(dir: &std::path::Path) -> usize {
 #[test]
 fn first_guard_opens_last_guard_closes_and_config_lives_in_between() {
     let (core, env, base) = setup("refcount");
-    let knobs = DriverKnobs { queue_depth: 64, intra_op_parallelism: 2, block_size: 4 << 20 };
-    let g1 = core.acquire(knobs).unwrap();
+    let settings = DriverSettings { queue_depth: 64, intra_op_parallelism: 2, block_size: 4 << 20 };
+    let g1 = core.acquire(settings).unwrap();
     let file = core.config_file().expect("a config was written");
     let dir = file.parent().unwrap().to_path_buf();
     assert!(dir.starts_with(&base) && dir != base, "private dir under the temp base");
@@ -176,9 +176,9 @@ fn first_guard_opens_last_guard_closes_and_config_lives_in_between() {
     assert_eq!(*core.ops.env_at_open.lock(), Some(Some(file.clone().into_os_string())), "set BEFORE open");
     assert_eq!(*core.ops.log.lock(), vec!["open".to_string(), "max_direct_io 4096".to_string()]);
 
-    let g2 = core.acquire(DriverKnobs::DEFAULT).unwrap();
+    let g2 = core.acquire(DriverSettings::DEFAULT).unwrap();
     assert_eq!(core.refs(), 2);
-    assert_eq!(core.knobs(), Some(knobs), "the first handle's knobs stay");
+    assert_eq!(core.settings(), Some(settings), "the first handle's settings stay");
     assert_eq!(core.ops.log.lock().len(), 2, "no second open");
     drop(g1);
     assert!(file.exists(), "still open: config stays");
@@ -191,7 +191,7 @@ fn first_guard_opens_last_guard_closes_and_config_lives_in_between() {
     assert_eq!(entries(&base), 0);
 
     // Reopening writes a fresh directory.
-    let g = core.acquire(knobs).unwrap();
+    let g = core.acquire(settings).unwrap();
     let file2 = core.config_file().unwrap();
     assert_ne!(file2, file);
     drop(g);
@@ -203,7 +203,7 @@ fn first_guard_opens_last_guard_closes_and_config_lives_in_between() {
 fn a_users_cufile_env_path_json_is_kept() {
     let (core, env, base) = setup("userenv");
     env.set(CUFILE_ENV_PATH_JSON, std::path::Path::new("/etc/my-cufile.json"));
-    let g = core.acquire(DriverKnobs::DEFAULT).unwrap();
+    let g = core.acquire(DriverSettings::DEFAULT).unwrap();
     assert_eq!(env.get(CUFILE_ENV_PATH_JSON), Some(OsString::from("/etc/my-cufile.json")));
     assert_eq!(*core.ops.env_at_open.lock(), Some(Some(OsString::from("/etc/my-cufile.json"))));
     assert_eq!(core.config_file(), None, "nothing written");
@@ -217,7 +217,7 @@ fn a_users_cufile_env_path_json_is_kept() {
 fn a_site_cufile_json_is_used_instead_of_a_private_one() {
     let (core, env, base) = setup("siteconf");
     let core = core.with_site_config(Box::new(|| Some(PathBuf::from("/etc/cufile.json"))));
-    let g = core.acquire(DriverKnobs::DEFAULT).unwrap();
+    let g = core.acquire(DriverSettings::DEFAULT).unwrap();
     assert_eq!(env.get(CUFILE_ENV_PATH_JSON), None, "cuFile reads its default, the site's file");
     assert_eq!(*core.ops.env_at_open.lock(), Some(None));
     assert_eq!(core.config_file(), None, "nothing written");
@@ -230,7 +230,7 @@ fn a_site_cufile_json_is_used_instead_of_a_private_one() {
 fn a_failed_open_undoes_everything_and_quotes_the_cufile_log() {
     let (core, env, base) = setup("failopen");
     *core.ops.fail_open.lock() = Some(GdsError::cufile("cuFileDriverOpen", 5033, None, 0));
-    let err = core.acquire(DriverKnobs::DEFAULT).err().expect("open fails");
+    let err = core.acquire(DriverSettings::DEFAULT).err().expect("open fails");
     match &err {
         crate::Error::Gds(GdsError::DriverOpen { source, log }) => {
             assert!(matches!(**source, GdsError::CuFile { code: 5033, .. }), "{source:?}");
@@ -246,7 +246,7 @@ fn a_failed_open_undoes_everything_and_quotes_the_cufile_log() {
     assert_eq!(entries(&base), 0, "config directory removed");
     // A later acquire tries again.
     *core.ops.fail_open.lock() = None;
-    let g = core.acquire(DriverKnobs::DEFAULT).unwrap();
+    let g = core.acquire(DriverSettings::DEFAULT).unwrap();
     assert_eq!(core.refs(), 1);
     drop(g);
     std::fs::remove_dir_all(&base).ok();
@@ -256,7 +256,7 @@ fn a_failed_open_undoes_everything_and_quotes_the_cufile_log() {
 fn a_refused_direct_io_size_closes_again() {
     let (core, env, base) = setup("failsize");
     *core.ops.fail_size.lock() = Some(GdsError::cufile("cuFileDriverSetMaxDirectIOSize(1 KiB)", 5022, None, 0));
-    let err = core.acquire(DriverKnobs { block_size: 1024, ..DriverKnobs::DEFAULT }).err().unwrap();
+    let err = core.acquire(DriverSettings { block_size: 1024, ..DriverSettings::DEFAULT }).err().unwrap();
     assert!(matches!(err, crate::Error::Gds(GdsError::DirectIoSize { block_size: 1024, .. })), "{err:?}");
     let err = err.to_string();
     assert!(err.contains("block_size = 1024"), "{err}");
@@ -275,14 +275,14 @@ fn not_ready_means_nothing_is_written_or_opened() {
         override_var: None,
         other: None,
     });
-    let err = core.acquire(DriverKnobs::DEFAULT).err().unwrap();
+    let err = core.acquire(DriverSettings::DEFAULT).err().unwrap();
     assert!(matches!(err, crate::Error::Gds(GdsError::LibraryNotFound { .. })), "{err:?}");
     let err = err.to_string();
     assert!(err.contains("libcuda"), "{err}");
     assert!(core.ops.log.lock().is_empty(), "cuFileDriverOpen never called");
     assert_eq!(env.get(CUFILE_ENV_PATH_JSON), None);
     assert_eq!(entries(&base), 0);
-    let err = core.acquire(DriverKnobs { queue_depth: 0, ..DriverKnobs::DEFAULT }).err().unwrap();
+    let err = core.acquire(DriverSettings { queue_depth: 0, ..DriverSettings::DEFAULT }).err().unwrap();
     assert!(matches!(&err, crate::Error::InvalidArgument(m) if m.contains("queue_depth")), "{err:?}");
     assert!(core.check_open().is_err(), "the probe's check says the same as acquire");
     std::fs::remove_dir_all(&base).ok();
@@ -292,7 +292,7 @@ fn not_ready_means_nothing_is_written_or_opened() {
 fn a_driver_opened_by_someone_else_is_shared_not_closed() {
     let (core, _env, base) = setup("shared");
     *core.ops.already_open.lock() = true;
-    let g = core.acquire(DriverKnobs::DEFAULT).unwrap();
+    let g = core.acquire(DriverSettings::DEFAULT).unwrap();
     drop(g);
     assert_eq!(*core.ops.log.lock(), vec!["open", "max_direct_io 1024", "release-only"]);
     assert_eq!(entries(&base), 0);
@@ -302,7 +302,7 @@ fn a_driver_opened_by_someone_else_is_shared_not_closed() {
 #[test]
 fn closing_deregisters_leftover_buffers() {
     let (core, _env, base) = setup("leftovers");
-    let g = core.acquire(DriverKnobs::DEFAULT).unwrap();
+    let g = core.acquire(DriverSettings::DEFAULT).unwrap();
     core.register(0x7000_0000_0000, 4096).unwrap();
     core.register(0x7000_0010_0000, 4096).unwrap();
     assert!(core.deregister(0x7000_0000_0000).unwrap());
@@ -322,7 +322,7 @@ fn guards_from_many_threads_open_once() {
         for _ in 0..8 {
             s.spawn(|| {
                 for _ in 0..50 {
-                    let g = core.acquire(DriverKnobs::DEFAULT).unwrap();
+                    let g = core.acquire(DriverSettings::DEFAULT).unwrap();
                     assert!(core.refs() >= 1);
                     drop(g);
                 }
