@@ -186,8 +186,8 @@ fn gds_roundtrip_on_a_gpu() {
     guard.register_device_buffer(dst, len + 2 * 4096).expect("same region again: no-op");
     let overlap = guard.register_device_buffer(dst + 4096, 4096).unwrap_err().to_string();
     assert!(overlap.contains("overlaps"), "{overlap}");
-    let hit = guard.registered_region(dst + 4096, len).expect("inside the registered buffer");
-    assert_eq!((hit.base, hit.offset), (dst, 4096));
+    let region = guard.registered_region(dst + 4096, len).expect("inside the registered buffer");
+    assert_eq!((region.base, region.len, dst + 4096 - region.base), (dst, len + 2 * 4096, 4096));
     assert!(guard.registered_region(dst + 4096, len + 8192).is_none());
     assert!(guard.register_device_buffer(0, 10).is_err());
     let not_device = Box::new([0u8; 4096]);

@@ -22,7 +22,7 @@ pub(crate) fn unavailable(reason: String) -> Error {
 /// device is visible and the cuFile driver opens (when no handle holds it
 /// open yet, it is opened with DeepSpeed's default settings and closed again).
 /// Otherwise the [`GdsError`] says precisely what is missing: the libcufile
-/// names tried (see [`LibSearch`]; `DEEPNVME_CUFILE_LIB` overrides them),
+/// names tried (`DEEPNVME_CUFILE_LIB` overrides them; see the README),
 /// libcuda / the NVIDIA driver, no device, or the `cuFileDriverOpen` status
 /// and errno.
 ///

@@ -25,7 +25,8 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use crate::knobs::{CUFILE_ENV_PATH_JSON, GDS_MIN_IO_THRESHOLD_SIZE_KB as MIN_IO_THRESHOLD_SIZE_KB};
+pub use crate::knobs::CUFILE_ENV_PATH_JSON;
+pub(crate) use crate::knobs::GDS_MIN_IO_THRESHOLD_SIZE_KB as MIN_IO_THRESHOLD_SIZE_KB;
 use super::error::GdsError;
 use crate::error::Error;
 use crate::knobs;
@@ -47,13 +48,13 @@ impl DriverSettings {
     };
 
     /// The max direct-I/O size given to cuFile, in KiB (block_size / 1024).
-    pub fn max_direct_io_kb(&self) -> usize {
+    pub(crate) fn max_direct_io_kb(&self) -> usize {
         self.block_size / 1024
     }
 
-    /// [`Error::InvalidArgument`] ("GDS handle: ...") for a zero knob or a
+    /// [`Error::InvalidArgument`] ("GDS handle: ...") for a zero setting or a
     /// block size under 1 KiB.
-    pub fn validate(&self) -> crate::Result<()> {
+    pub(crate) fn validate(&self) -> crate::Result<()> {
         let bad = |m: String| Err(Error::InvalidArgument(format!("GDS handle: {m}")));
         if self.queue_depth == 0 {
             return bad("queue_depth must be at least 1".into());
@@ -107,7 +108,7 @@ pub(crate) fn temp_base() -> PathBuf {
 /// A private directory holding `cufile.json` (and cuFile's log). Removed,
 /// with everything in it, on drop.
 #[derive(Debug)]
-pub struct ConfigDir {
+pub(crate) struct ConfigDir {
     dir: PathBuf,
     file: PathBuf,
 }

@@ -9,7 +9,7 @@ use super::config::DriverSettings;
 use super::cufile_ops::{global, CuFileOps, ProcessEnv};
 use super::driver::CoreGuard;
 use super::probe::environment;
-use super::region::RegionHit;
+use super::region::Region;
 use super::transfer::{self, GdsTransfer};
 use crate::error::{catch_unwind_text, Error, Result};
 
@@ -46,7 +46,7 @@ impl GdsDriver {
     /// `cuFileDriverSetMaxDirectIOSize(block_size / 1024)`. Later references
     /// share that driver (their settings do not reconfigure it).
     ///
-    /// Errors: [`Error::InvalidArgument`] for a zero knob or a block size
+    /// Errors: [`Error::InvalidArgument`] for a zero setting or a block size
     /// under 1 KiB; [`Error::Gds`] naming what is missing or what cuFile
     /// said. Nothing is left behind on failure (no directory, no variable).
     /// May block (driver open): call without the GIL.
@@ -108,11 +108,11 @@ impl GdsDriverGuard {
         catch(|| Ok(self.guard.core().deregister(ptr)?))
     }
 
-    /// The registered region that wholly holds `[ptr, ptr + len)`, with the
-    /// buffer's offset in it; `None` when there is none (transfers then go
-    /// through cuFile's bounce buffers).
-    pub fn registered_region(&self, ptr: u64, len: usize) -> Option<RegionHit> {
-        catch_unwind_text(|| self.guard.core().regions().lookup(ptr, len)).ok().flatten()
+    /// The registered region that wholly holds `[ptr, ptr + len)` (the
+    /// buffer lies `ptr - base` bytes into it); `None` when there is none
+    /// (transfers then go through cuFile's bounce buffers).
+    pub fn registered_region(&self, ptr: u64, len: usize) -> Option<Region> {
+        catch_unwind_text(|| self.guard.core().regions().holding(ptr, len)).ok().flatten()
     }
 
     /// Moves one transfer and returns when every byte has moved or it
@@ -121,7 +121,7 @@ impl GdsDriverGuard {
     /// The fd is registered with cuFile for this call only. The device
     /// buffer is addressed as (registered base, offset) when it lies in a
     /// registered region, else as the raw pointer (cuFile bounces it). The
-    /// bytes are cut by [`plan_pieces`] into up to `parallelism` pieces of
+    /// bytes are cut (`plan_pieces`) into up to `parallelism` pieces of
     /// at least `block_size` bytes, each moved on its own thread with the
     /// device's primary context current; the calling thread's current
     /// context is restored before returning. Short counts are resubmitted.

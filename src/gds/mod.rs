@@ -51,14 +51,17 @@ mod transfer;
 
 pub(crate) mod op;
 
+// The public surface: the handle-level API (probe, the driver and its
+// guard, a transfer), the errors and the types their fields name, and the
+// environment variables the README documents. Everything else is the
+// crate's own.
 pub use available::{environment_summary, probe};
-pub use config::{ConfigDir, DriverSettings, CUFILE_ENV_PATH_JSON, MIN_IO_THRESHOLD_SIZE_KB};
+pub use config::{DriverSettings, CUFILE_ENV_PATH_JSON};
 pub use dl::LoadFailure;
 pub use error::{CudaStatus, GdsError, GdsLibrary, LoadedLibrary};
 pub use guard::{GdsDriver, GdsDriverGuard};
-pub use probe::{LibSearch, CUDA_LIB_ENV, CUFILE_LIB_ENV};
-pub use pieces::{plan_pieces, DevicePiece, PIECE_ALIGN};
-pub use region::{Region, RegionHit};
+pub use probe::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
+pub use region::Region;
 pub use transfer::GdsTransfer;
 
 pub(crate) use available::unavailable;

@@ -4,11 +4,11 @@
 
 /// Piece boundaries inside a transfer fall on multiples of this, so that a
 /// transfer that starts aligned keeps every piece aligned for O_DIRECT.
-pub const PIECE_ALIGN: usize = 4096;
+pub(crate) const PIECE_ALIGN: usize = 4096;
 
 /// One piece of a transfer: bytes `[offset, offset + len)` of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DevicePiece {
+pub(crate) struct DevicePiece {
     pub offset: usize,
     pub len: usize,
 }
@@ -17,7 +17,7 @@ pub struct DevicePiece {
 /// `block_size` unless the whole is (so small transfers stay on one thread),
 /// with inner boundaries on [`PIECE_ALIGN`]. The pieces cover `[0, len)`
 /// exactly, in order, and none is empty.
-pub fn plan_pieces(len: usize, parallelism: usize, block_size: usize) -> Vec<DevicePiece> {
+pub(crate) fn plan_pieces(len: usize, parallelism: usize, block_size: usize) -> Vec<DevicePiece> {
     if len == 0 {
         return Vec::new();
     }

@@ -28,7 +28,7 @@ pub use crate::knobs::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
 
 /// The names tried for each library, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LibSearch {
+pub(crate) struct LibSearch {
     pub cufile: Vec<String>,
     pub cuda: Vec<String>,
     /// Where each list came from, for messages (`CUFILE_LIB_ENV` / `CUDA_LIB_ENV`, or "default").

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 use super::error::GdsError;
-use super::region::{Region, RegionHit};
+use super::region::Region;
 
 /// The cuFile side of registration.
 pub(crate) trait Registrar {
@@ -31,9 +31,19 @@ pub(crate) trait Registrar {
     fn deregister(&self, ptr: u64, device: i32) -> Result<(), GdsError>;
 }
 
+/// Where a buffer lies inside a registered region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RegionHit {
+    /// The region's base: the `devPtr_base` cuFile wants.
+    pub base: u64,
+    /// The buffer's offset from that base: `devPtr_offset`.
+    pub offset: u64,
+    pub device: i32,
+}
+
 /// What [`RegionMap::register`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RegisterOutcome {
+pub(crate) enum RegisterOutcome {
     Registered,
     /// The same region was registered already; nothing was done.
     AlreadyRegistered,
@@ -46,7 +56,7 @@ fn checked_end(ptr: u64, len: usize) -> Result<u64, GdsError> {
 
 /// The table.
 #[derive(Debug, Default)]
-pub struct RegionMap {
+pub(crate) struct RegionMap {
     regions: BTreeMap<u64, Region>,
 }
 
@@ -65,10 +75,16 @@ impl RegionMap {
 
     /// The registered region that wholly holds `[ptr, ptr + len)`, if any.
     /// A zero-length buffer is held by the region that holds `ptr`.
-    pub fn lookup(&self, ptr: u64, len: usize) -> Option<RegionHit> {
+    pub fn holding(&self, ptr: u64, len: usize) -> Option<Region> {
         let end = ptr.checked_add(len as u64)?;
         let (_, r) = self.regions.range(..=ptr).next_back()?;
-        (ptr < r.end() && end <= r.end()).then_some(RegionHit { base: r.base, offset: ptr - r.base, device: r.device })
+        (ptr < r.end() && end <= r.end()).then_some(*r)
+    }
+
+    /// Where `[ptr, ptr + len)` lies in the region that wholly holds it, if
+    /// any (see [`RegionMap::holding`]).
+    pub fn lookup(&self, ptr: u64, len: usize) -> Option<RegionHit> {
+        self.holding(ptr, len).map(|r| RegionHit { base: r.base, offset: ptr - r.base, device: r.device })
     }
 
     /// The registered region overlapping `[ptr, end)`, if any.
@@ -166,6 +182,8 @@ pub(crate) mod tests {
         let dev = (A >> 40) as i32;
         assert_eq!(m.lookup(A, MIB), Some(RegionHit { base: A, offset: 0, device: dev }));
         assert_eq!(m.lookup(A + 4096, 8192), Some(RegionHit { base: A, offset: 4096, device: dev }));
+        assert_eq!(m.holding(A + 4096, 8192), Some(Region { base: A, len: MIB, device: dev }));
+        assert_eq!(m.holding(A + 4096, MIB), None);
         assert_eq!(m.lookup(A + MIB as u64 - 1, 1).map(|h| h.offset), Some(MIB as u64 - 1));
         assert_eq!(m.lookup(A + 4096, MIB), None, "runs past the region's end");
         assert_eq!(m.lookup(A + MIB as u64, 1), None, "in the gap");

@@ -44,7 +44,7 @@ pub struct GdsTransfer {
 }
 
 /// Checks a transfer's arguments before anything touches cuFile.
-pub fn validate(t: &GdsTransfer, parallelism: usize, block_size: usize) -> Result<()> {
+pub(crate) fn validate(t: &GdsTransfer, parallelism: usize, block_size: usize) -> Result<()> {
     let bad = |m: String| {
         Err(Error::InvalidArgument(format!(
             "GDS {} at offset {} of fd {}: {m}",
