@@ -169,13 +169,13 @@ pub const VARIABLES: &[EnvVar] = &[
     EnvVar {
         name: CUFILE_LIB_ENV,
         scope: Scope::Core,
-        default: "`libcufile.so.0`, `libcufile.so`, `libcufile.so.1`, then cudarc's names",
+        default: "`libcufile.so.0`, `libcufile.so`, `libcufile.so.1`, then `libcufile.so.12` and other spellings",
         meaning: "the libcufile to load (a path or a name); only that one is tried",
     },
     EnvVar {
         name: CUDA_LIB_ENV,
         scope: Scope::Core,
-        default: "`libcuda.so.1`, `libcuda.so`, then cudarc's names",
+        default: "`libcuda.so.1`, `libcuda.so`, then `libcuda.so.12` and other spellings",
         meaning: "the libcuda to load (a path or a name); only that one is tried",
     },
     EnvVar {

@@ -1,7 +1,7 @@
 // deepnvme-rs: DeepSpeed-compatible header (no DeepSpeed code).
 //
 // deepspeed_gds_handle_t: the `gds_handle` class. CUDA tensors move through
-// NVIDIA cuFile (GPUDirect Storage), reached at run time through cudarc; CPU
+// NVIDIA cuFile (GPUDirect Storage), loaded at run time (dlopen); CPU
 // tensors take the CPU path. Needs no CUDA or cuFile header to build.
 // Creating one without a usable GPU and libcufile throws a clear error.
 #pragma once

@@ -3,9 +3,10 @@
 //! with the status, the CUDA error inside it and the errno it left.
 //!
 //! Return codes are read as plain integers, never as Rust enums (see
-//! [`super::status`]). The structure layouts come from cudarc
-//! (`CUfileDescr_t`); the status pair is the two-`int` `CUfileError_t` of
-//! `cufile.h`.
+//! [`super::status`]). The two structures passed across are declared here
+//! from `cufile.h`, with their size and field offsets checked at compile
+//! time: the status pair `CUfileError_t` ([`CuFileStatus`]) and the file
+//! descriptor `CUfileDescr_t` ([`CuFileDescr`]).
 
 use std::ffi::{c_int, c_void};
 
@@ -28,6 +29,47 @@ pub(crate) struct CuFileStatus {
     pub cu_err: c_int,
 }
 
+/// `CU_FILE_HANDLE_TYPE_OPAQUE_FD` (`CUfileFileHandleType`): a Linux fd.
+const CU_FILE_HANDLE_TYPE_OPAQUE_FD: c_int = 1;
+
+/// `CUfileDescr_t`: what `cuFileHandleRegister` registers.
+///
+/// ```c
+/// typedef struct CUfileDescr_t {
+///     CUfileFileHandleType type;          /* a C enum: an int */
+///     union { int fd; void *handle; } handle;
+///     const CUfileFSOps_t *fs_ops;        /* NULL: the kernel's file system */
+/// } CUfileDescr_t;
+/// ```
+#[repr(C)]
+pub(crate) struct CuFileDescr {
+    type_: c_int,
+    handle: CuFileDescrHandle,
+    fs_ops: *const c_void,
+}
+
+/// The `handle` union of `CUfileDescr_t`: a Linux fd or a Windows handle.
+#[repr(C)]
+union CuFileDescrHandle {
+    fd: c_int,
+    handle: *mut c_void,
+}
+
+// cufile.h's layouts: CUfileError_t is two ints (8 bytes, returned in
+// registers); CUfileDescr_t is an int, the pointer-sized union at the next
+// pointer boundary, and the fs_ops pointer (24 bytes, 8-aligned, on LP64).
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<CuFileStatus>() == 2 * size_of::<c_int>() && align_of::<CuFileStatus>() == align_of::<c_int>());
+    assert!(offset_of!(CuFileStatus, cu_err) == size_of::<c_int>());
+    let word = size_of::<*const c_void>();
+    assert!(size_of::<CuFileDescrHandle>() == word && align_of::<CuFileDescrHandle>() == word);
+    assert!(offset_of!(CuFileDescr, type_) == 0);
+    assert!(offset_of!(CuFileDescr, handle) == word);
+    assert!(offset_of!(CuFileDescr, fs_ops) == 2 * word);
+    assert!(size_of::<CuFileDescr>() == 3 * word && align_of::<CuFileDescr>() == word);
+};
+
 
 /// The calling thread's errno.
 pub(crate) fn errno() -> i32 {
@@ -46,8 +88,7 @@ type FnStatus = unsafe extern "C" fn() -> CuFileStatus;
 type FnSetSize = unsafe extern "C" fn(usize) -> CuFileStatus;
 type FnBufRegister = unsafe extern "C" fn(*const c_void, usize, c_int) -> CuFileStatus;
 type FnBufDeregister = unsafe extern "C" fn(*const c_void) -> CuFileStatus;
-type FnHandleRegister =
-    unsafe extern "C" fn(*mut CuFileHandle, *mut cudarc::cufile::sys::CUfileDescr_t) -> CuFileStatus;
+type FnHandleRegister = unsafe extern "C" fn(*mut CuFileHandle, *mut CuFileDescr) -> CuFileStatus;
 type FnHandleDeregister = unsafe extern "C" fn(CuFileHandle);
 type FnRead = unsafe extern "C" fn(CuFileHandle, *mut c_void, usize, libc::off_t, libc::off_t) -> isize;
 type FnWrite = unsafe extern "C" fn(CuFileHandle, *const c_void, usize, libc::off_t, libc::off_t) -> isize;
@@ -257,10 +298,9 @@ impl CuFileApi {
 
     /// `cuFileHandleRegister` for a Linux fd.
     pub fn handle_register(&self, fd: c_int, cuda: &CudaApi) -> Result<CuFileHandle, GdsError> {
-        use cudarc::cufile::sys::{CUfileDescr_t, CUfileDescr_t__bindgen_ty_1, CUfileFileHandleType};
-        let mut descr = CUfileDescr_t {
-            type_: CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
-            handle: CUfileDescr_t__bindgen_ty_1 { fd },
+        let mut descr = CuFileDescr {
+            type_: CU_FILE_HANDLE_TYPE_OPAQUE_FD,
+            handle: CuFileDescrHandle { fd },
             fs_ops: std::ptr::null(),
         };
         let mut handle: CuFileHandle = std::ptr::null_mut();
@@ -325,9 +365,11 @@ mod tests {
     }
 
     #[test]
-    fn status_layout_matches_cufile_h() {
-        // CUfileError_t is two C enums (ints): 8 bytes, returned in registers.
-        assert_eq!(std::mem::size_of::<CuFileStatus>(), std::mem::size_of::<cudarc::cufile::sys::CUfileError_t>());
-        assert_eq!(std::mem::align_of::<CuFileStatus>(), std::mem::align_of::<cudarc::cufile::sys::CUfileError_t>());
+    fn layouts_match_cufile_h() {
+        // The facts of cufile.h on x86_64/aarch64 Linux (also asserted at compile time).
+        assert_eq!((std::mem::size_of::<CuFileStatus>(), std::mem::align_of::<CuFileStatus>()), (8, 4));
+        assert_eq!((std::mem::size_of::<CuFileDescr>(), std::mem::align_of::<CuFileDescr>()), (24, 8));
+        assert_eq!(std::mem::offset_of!(CuFileDescr, handle), 8);
+        assert_eq!(std::mem::offset_of!(CuFileDescr, fs_ops), 16);
     }
 }

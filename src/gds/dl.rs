@@ -1,9 +1,9 @@
 //! Just enough `dlopen`/`dlsym` to load libcufile and libcuda by hand.
 //!
-//! cudarc's dynamic loading panics when a library or a symbol is missing, and
-//! its list of names lacks `libcufile.so.0` (the soname every NVIDIA build of
-//! cuFile carries, and the one torch links against). Loading here turns every
-//! miss into a [`LoadFailure`] instead.
+//! Generic loaders (cudarc's dynamic loading, for one) panic when a library
+//! or a symbol is missing, and cudarc's list of names lacks `libcufile.so.0`
+//! (the soname every NVIDIA build of cuFile carries, and the one torch links
+//! against). Loading here turns every miss into a [`LoadFailure`] instead.
 //!
 //! Libraries are never unloaded: libcufile and libcuda keep threads and
 //! global state that do not survive `dlclose`, and the process-wide driver

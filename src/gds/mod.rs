@@ -16,10 +16,10 @@
 //! * [`GdsDriverGuard::run_transfer`] moves one [`GdsTransfer`].
 //!
 //! Nothing here panics or exits on a missing library, a missing GPU or a
-//! cuFile failure: libcufile and libcuda are loaded by hand (cudarc's loader
-//! panics, and lacks the `libcufile.so.0` soname), every entry point catches
-//! panics, and `cuFileDriverOpen` is only called once libcuda has loaded,
-//! `cuInit` has succeeded and a device is visible (without libcuda,
+//! cuFile failure: libcufile and libcuda are loaded by hand (`dl.rs`; no
+//! CUDA or cuFile header or library is needed to build), every entry point
+//! catches panics, and `cuFileDriverOpen` is only called once libcuda has
+//! loaded, `cuInit` has succeeded and a device is visible (without libcuda,
 //! libcufile 1.17's `cuFileDriverOpen` spins forever).
 //!
 //! Differences from DeepSpeed, on purpose: the config goes to a private

@@ -7,11 +7,12 @@
 //! 2. `libcufile.so.0`: the soname of every NVIDIA build. Inside a process
 //!    where torch is loaded this finds torch's own copy (libtorch_cuda links
 //!    `libcufile.so.0`), so the process keeps ONE cuFile driver;
-//! 3. `libcufile.so`, `libcufile.so.1`, then cudarc's candidate names
-//!    (`cudarc::get_lib_name_candidates("cufile")`), which lack `.so.0`.
+//! 3. `libcufile.so`, `libcufile.so.1`, then the further names of
+//!    [`FURTHER_NAMES`] (`libcufile.so.12`, ..., and the `lib<name>64_<ver>.so`
+//!    spellings of some CUDA installs).
 //!
 //! libcuda: `DEEPNVME_CUDA_LIB` alone when set, else `libcuda.so.1`,
-//! `libcuda.so`, then cudarc's candidates.
+//! `libcuda.so`, then the same further names.
 //!
 //! Bare names are searched by the dynamic linker (LD_LIBRARY_PATH, RPATH,
 //! ld.so.cache, and objects already loaded by soname).
@@ -36,8 +37,34 @@ pub(crate) struct LibSearch {
     pub cuda_origin: &'static str,
 }
 
-fn with_cudarc_candidates(mut first: Vec<String>, lib: &str) -> Vec<String> {
-    for name in cudarc::get_lib_name_candidates(lib) {
+/// The further spellings tried for `lib<name>`, after the usual sonames:
+/// `lib<name>` + each suffix, in order. They are the list that cudarc
+/// 0.19's `get_lib_name_candidates` made for CUDA 12.8 (duplicates
+/// dropped), which this search appended before deepnvme stopped depending
+/// on cudarc; kept so that the names tried, and listed in the error when
+/// none loads, stay the same.
+const FURTHER_NAMES: &[&str] = &[
+    ".so",
+    "64.so",
+    "64_12.so",
+    "64_128.so",
+    "64_128_0.so",
+    "64_120_8.so",
+    "64_10.so",
+    "64_11.so",
+    "64_120_0.so",
+    "64_9.so",
+    ".so.12",
+    ".so.11",
+    ".so.10",
+    ".so.9",
+    ".so.1",
+];
+
+/// `first`, then the [`FURTHER_NAMES`] of `lib` it does not hold yet.
+fn with_further_names(mut first: Vec<String>, lib: &str) -> Vec<String> {
+    for suffix in FURTHER_NAMES {
+        let name = format!("lib{lib}{suffix}");
         if !first.contains(&name) {
             first.push(name);
         }
@@ -61,14 +88,14 @@ impl LibSearch {
         LibSearch { cufile, cuda, cufile_origin, cuda_origin }
     }
 
-    /// `libcufile.so.0`, `libcufile.so`, `libcufile.so.1`, then cudarc's names.
+    /// `libcufile.so.0`, `libcufile.so`, `libcufile.so.1`, then the further names.
     pub fn default_cufile_names() -> Vec<String> {
-        with_cudarc_candidates(vec!["libcufile.so.0".into(), "libcufile.so".into(), "libcufile.so.1".into()], "cufile")
+        with_further_names(vec!["libcufile.so.0".into(), "libcufile.so".into(), "libcufile.so.1".into()], "cufile")
     }
 
-    /// `libcuda.so.1`, `libcuda.so`, then cudarc's names.
+    /// `libcuda.so.1`, `libcuda.so`, then the further names.
     pub fn default_cuda_names() -> Vec<String> {
-        with_cudarc_candidates(vec!["libcuda.so.1".into(), "libcuda.so".into()], "cuda")
+        with_further_names(vec!["libcuda.so.1".into(), "libcuda.so".into()], "cuda")
     }
 }
 
@@ -152,11 +179,28 @@ mod tests {
     }
 
     #[test]
-    fn default_names_include_the_soname_cudarc_lacks() {
+    fn default_names_start_with_the_sonames_then_the_further_names() {
         let names = LibSearch::default_cufile_names();
         assert_eq!(names[0], "libcufile.so.0");
-        assert!(!cudarc::get_lib_name_candidates("cufile").contains(&"libcufile.so.0".to_string()));
         assert!(names.contains(&"libcufile.so".to_string()));
+        // The list cudarc 0.19 (CUDA 12.8) gave, checked against it before it was dropped.
+        assert_eq!(
+            names,
+            [
+                "libcufile.so.0", "libcufile.so", "libcufile.so.1", "libcufile64.so", "libcufile64_12.so",
+                "libcufile64_128.so", "libcufile64_128_0.so", "libcufile64_120_8.so", "libcufile64_10.so",
+                "libcufile64_11.so", "libcufile64_120_0.so", "libcufile64_9.so", "libcufile.so.12", "libcufile.so.11",
+                "libcufile.so.10", "libcufile.so.9",
+            ]
+        );
+        assert_eq!(
+            LibSearch::default_cuda_names(),
+            [
+                "libcuda.so.1", "libcuda.so", "libcuda64.so", "libcuda64_12.so", "libcuda64_128.so",
+                "libcuda64_128_0.so", "libcuda64_120_8.so", "libcuda64_10.so", "libcuda64_11.so", "libcuda64_120_0.so",
+                "libcuda64_9.so", "libcuda.so.12", "libcuda.so.11", "libcuda.so.10", "libcuda.so.9",
+            ]
+        );
         let mut dedup = names.clone();
         dedup.sort();
         dedup.dedup();
