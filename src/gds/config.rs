@@ -224,6 +224,7 @@ mod tests {
         assert!(dir.file_name().unwrap().to_str().unwrap().starts_with("deepnvme-cufile-"));
         let meta = std::fs::metadata(&dir).unwrap();
         assert_eq!(meta.mode() & 0o777, 0o700, "directory is private");
+        // SAFETY: geteuid takes nothing and cannot fail.
         assert_eq!(meta.uid(), unsafe { libc::geteuid() });
         let fmeta = std::fs::metadata(cfg.file()).unwrap();
         assert_eq!(fmeta.mode() & 0o777, 0o600);

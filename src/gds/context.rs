@@ -8,8 +8,11 @@ use super::error::GdsError;
 /// A CUDA context pointer that may cross threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Ctx(pub CuContext);
-// SAFETY: a CUcontext is a handle that any thread may make current.
+// SAFETY: a CUcontext is an opaque driver handle, not memory Rust reads;
+// the CUDA driver lets any thread make it current.
 unsafe impl Send for Ctx {}
+// SAFETY: `Ctx` is Copy and has no interior state: sharing it is copying
+// the handle, as for Send.
 unsafe impl Sync for Ctx {}
 
 impl Ctx {

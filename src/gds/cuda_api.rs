@@ -17,15 +17,31 @@ pub(crate) const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
 /// `CUDA_SUCCESS`.
 pub(crate) const CUDA_SUCCESS: c_int = 0;
 
+// The entry points' C declarations (cuda.h), as Rust fn types. `CUresult`,
+// `CUdevice` and the enums are C ints; `CUdeviceptr` is 64 bits on 64-bit
+// Linux; `CUcontext` is a pointer.
+
+/// `CUresult cuInit(unsigned int Flags)`.
 type FnInit = unsafe extern "C" fn(c_uint) -> c_int;
+/// `CUresult cuDriverGetVersion(int *driverVersion)`,
+/// `CUresult cuDeviceGetCount(int *count)`.
 type FnIntOut = unsafe extern "C" fn(*mut c_int) -> c_int;
+/// `CUresult cuDeviceGet(CUdevice *device, int ordinal)`.
 type FnDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+/// `CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`.
 type FnCtxRetain = unsafe extern "C" fn(*mut CuContext, c_int) -> c_int;
+/// `CUresult cuDevicePrimaryCtxRelease(CUdevice dev)` (and its `_v2`).
 type FnCtxRelease = unsafe extern "C" fn(c_int) -> c_int;
+/// `CUresult cuCtxSetCurrent(CUcontext ctx)`.
 type FnCtxSet = unsafe extern "C" fn(CuContext) -> c_int;
+/// `CUresult cuCtxGetCurrent(CUcontext *pctx)`.
 type FnCtxGet = unsafe extern "C" fn(*mut CuContext) -> c_int;
+/// `CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)`.
 type FnPtrAttr = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int;
+/// `CUresult cuGetErrorName(CUresult error, const char **pStr)`, and the
+/// same for `cuGetErrorString`.
 type FnErrText = unsafe extern "C" fn(c_int, *mut *const c_char) -> c_int;
+/// `CUresult cuDeviceGetName(char *name, int len, CUdevice dev)`.
 type FnDeviceName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
 
 /// The CUDA driver API (libcuda), as far as GDS uses it.
@@ -51,20 +67,34 @@ impl CudaApi {
     pub fn load(lib: Library) -> Result<CudaApi, GdsError> {
         let path = lib.path_of("cuInit").unwrap_or_else(|| lib.name.clone());
         let (p, cuda) = (path.as_str(), GdsLibrary::Cuda);
-        // SAFETY (every `function` call): the type aliases above are the C
-        // signatures of these driver API entry points (cuda.h).
+        // Each field's fn type is the C declaration of the symbols it is
+        // resolved from: see the type aliases above.
         Ok(CudaApi {
-            init: need(&lib, cuda, p, &["cuInit"])?,
+            // SAFETY: FnInit is cuInit's declaration.
+            init: unsafe { need(&lib, cuda, p, &["cuInit"]) }?,
+            // SAFETY: FnIntOut is cuDriverGetVersion's declaration.
             driver_get_version: unsafe { function(&lib, "cuDriverGetVersion") },
-            device_get_count: need(&lib, cuda, p, &["cuDeviceGetCount"])?,
-            device_get: need(&lib, cuda, p, &["cuDeviceGet"])?,
+            // SAFETY: FnIntOut is cuDeviceGetCount's declaration.
+            device_get_count: unsafe { need(&lib, cuda, p, &["cuDeviceGetCount"]) }?,
+            // SAFETY: FnDeviceGet is cuDeviceGet's declaration.
+            device_get: unsafe { need(&lib, cuda, p, &["cuDeviceGet"]) }?,
+            // SAFETY: FnDeviceName is cuDeviceGetName's declaration.
             device_get_name: unsafe { function(&lib, "cuDeviceGetName") },
-            primary_ctx_retain: need(&lib, cuda, p, &["cuDevicePrimaryCtxRetain"])?,
-            primary_ctx_release: need(&lib, cuda, p, &["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"])?,
-            ctx_set_current: need(&lib, cuda, p, &["cuCtxSetCurrent"])?,
-            ctx_get_current: need(&lib, cuda, p, &["cuCtxGetCurrent"])?,
-            pointer_get_attribute: need(&lib, cuda, p, &["cuPointerGetAttribute"])?,
+            // SAFETY: FnCtxRetain is cuDevicePrimaryCtxRetain's declaration.
+            primary_ctx_retain: unsafe { need(&lib, cuda, p, &["cuDevicePrimaryCtxRetain"]) }?,
+            // SAFETY: FnCtxRelease is the declaration of both names (cuda.h maps one to the other).
+            primary_ctx_release: unsafe {
+                need(&lib, cuda, p, &["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"])
+            }?,
+            // SAFETY: FnCtxSet is cuCtxSetCurrent's declaration.
+            ctx_set_current: unsafe { need(&lib, cuda, p, &["cuCtxSetCurrent"]) }?,
+            // SAFETY: FnCtxGet is cuCtxGetCurrent's declaration.
+            ctx_get_current: unsafe { need(&lib, cuda, p, &["cuCtxGetCurrent"]) }?,
+            // SAFETY: FnPtrAttr is cuPointerGetAttribute's declaration.
+            pointer_get_attribute: unsafe { need(&lib, cuda, p, &["cuPointerGetAttribute"]) }?,
+            // SAFETY: FnErrText is cuGetErrorName's declaration.
             get_error_name: unsafe { function(&lib, "cuGetErrorName") },
+            // SAFETY: FnErrText is cuGetErrorString's declaration.
             get_error_string: unsafe { function(&lib, "cuGetErrorString") },
             path,
             _lib: lib,

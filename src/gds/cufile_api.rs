@@ -73,28 +73,49 @@ const _: () = {
 
 /// The calling thread's errno.
 pub(crate) fn errno() -> i32 {
-    // SAFETY: __errno_location returns the calling thread's errno slot.
+    // SAFETY: __errno_location returns the calling thread's errno slot, a
+    // valid, aligned int for the life of the thread.
     unsafe { *libc::__errno_location() }
 }
 
 /// Sets the calling thread's errno to 0, so that a value found after a call
 /// was set by that call.
 pub(crate) fn clear_errno() {
-    // SAFETY: as above.
+    // SAFETY: the calling thread's errno slot, as in `errno`; only this
+    // thread writes it.
     unsafe { *libc::__errno_location() = 0 };
 }
 
+// The entry points' C declarations (cufile.h), as Rust fn types.
+// `CUfileError_t` is [`CuFileStatus`], returned by value; the parameter
+// enums are C ints; `CUfileHandle_t` is a pointer.
+
+/// `CUfileError_t cuFileDriverOpen(void)`, `cuFileDriverClose(void)` and
+/// `cuFileDriverClose_v2(void)`.
 type FnStatus = unsafe extern "C" fn() -> CuFileStatus;
+/// `CUfileError_t cuFileDriverSetMaxDirectIOSize(size_t max_direct_io_size)`.
 type FnSetSize = unsafe extern "C" fn(usize) -> CuFileStatus;
+/// `CUfileError_t cuFileBufRegister(const void *bufPtr_base, size_t length, int flags)`.
 type FnBufRegister = unsafe extern "C" fn(*const c_void, usize, c_int) -> CuFileStatus;
+/// `CUfileError_t cuFileBufDeregister(const void *bufPtr_base)`.
 type FnBufDeregister = unsafe extern "C" fn(*const c_void) -> CuFileStatus;
+/// `CUfileError_t cuFileHandleRegister(CUfileHandle_t *fh, CUfileDescr_t *descr)`.
 type FnHandleRegister = unsafe extern "C" fn(*mut CuFileHandle, *mut CuFileDescr) -> CuFileStatus;
+/// `void cuFileHandleDeregister(CUfileHandle_t fh)`.
 type FnHandleDeregister = unsafe extern "C" fn(CuFileHandle);
+/// `ssize_t cuFileRead(CUfileHandle_t fh, void *bufPtr_base, size_t size,
+/// off_t file_offset, off_t bufPtr_offset)`.
 type FnRead = unsafe extern "C" fn(CuFileHandle, *mut c_void, usize, libc::off_t, libc::off_t) -> isize;
+/// `ssize_t cuFileWrite(CUfileHandle_t fh, const void *bufPtr_base, size_t size,
+/// off_t file_offset, off_t bufPtr_offset)`.
 type FnWrite = unsafe extern "C" fn(CuFileHandle, *const c_void, usize, libc::off_t, libc::off_t) -> isize;
+/// `CUfileError_t cuFileGetVersion(int *version)`.
 type FnGetVersion = unsafe extern "C" fn(*mut c_int) -> CuFileStatus;
+/// `CUfileError_t cuFileSetParameterSizeT(CUFileSizeTConfigParameter_t param, size_t value)`.
 type FnSetParamSize = unsafe extern "C" fn(c_int, usize) -> CuFileStatus;
+/// `CUfileError_t cuFileSetParameterBool(CUFileBoolConfigParameter_t param, bool value)`.
 type FnSetParamBool = unsafe extern "C" fn(c_int, bool) -> CuFileStatus;
+/// `CUfileError_t cuFileSetParameterString(CUFileStringConfigParameter_t param, const char *desc_str)`.
 type FnSetParamString = unsafe extern "C" fn(c_int, *const std::os::raw::c_char) -> CuFileStatus;
 
 // cufile.h's CUFileSizeTConfigParameter_t, CUFileBoolConfigParameter_t and
@@ -147,22 +168,32 @@ impl CuFileApi {
     pub fn load(lib: Library) -> Result<CuFileApi, GdsError> {
         let path = lib.path_of("cuFileDriverOpen").unwrap_or_else(|| lib.name.clone());
         let (p, cufile) = (path.as_str(), GdsLibrary::CuFile);
+        // Each field's fn type is the C declaration of the symbols it is
+        // resolved from: see the type aliases above.
         Ok(CuFileApi {
-            driver_open: need(&lib, cufile, p, &["cuFileDriverOpen"])?,
+            // SAFETY: FnStatus is cuFileDriverOpen's declaration.
+            driver_open: unsafe { need(&lib, cufile, p, &["cuFileDriverOpen"]) }?,
             // cufile.h maps cuFileDriverClose to cuFileDriverClose_v2 where it exists.
-            driver_close: need(&lib, cufile, p, &["cuFileDriverClose_v2", "cuFileDriverClose"])?,
-            set_max_direct_io_size: need(&lib, cufile, p, &["cuFileDriverSetMaxDirectIOSize"])?,
-            buf_register: need(&lib, cufile, p, &["cuFileBufRegister"])?,
-            buf_deregister: need(&lib, cufile, p, &["cuFileBufDeregister"])?,
-            handle_register: need(&lib, cufile, p, &["cuFileHandleRegister"])?,
-            handle_deregister: need(&lib, cufile, p, &["cuFileHandleDeregister"])?,
-            read: need(&lib, cufile, p, &["cuFileRead"])?,
-            write: need(&lib, cufile, p, &["cuFileWrite"])?,
-            // SAFETY: `CUfileError_t cuFileGetVersion(int *version)`.
+            // SAFETY: FnStatus is the declaration of both names.
+            driver_close: unsafe { need(&lib, cufile, p, &["cuFileDriverClose_v2", "cuFileDriverClose"]) }?,
+            // SAFETY: FnSetSize is cuFileDriverSetMaxDirectIOSize's declaration.
+            set_max_direct_io_size: unsafe { need(&lib, cufile, p, &["cuFileDriverSetMaxDirectIOSize"]) }?,
+            // SAFETY: FnBufRegister is cuFileBufRegister's declaration.
+            buf_register: unsafe { need(&lib, cufile, p, &["cuFileBufRegister"]) }?,
+            // SAFETY: FnBufDeregister is cuFileBufDeregister's declaration.
+            buf_deregister: unsafe { need(&lib, cufile, p, &["cuFileBufDeregister"]) }?,
+            // SAFETY: FnHandleRegister is cuFileHandleRegister's declaration.
+            handle_register: unsafe { need(&lib, cufile, p, &["cuFileHandleRegister"]) }?,
+            // SAFETY: FnHandleDeregister is cuFileHandleDeregister's declaration.
+            handle_deregister: unsafe { need(&lib, cufile, p, &["cuFileHandleDeregister"]) }?,
+            // SAFETY: FnRead is cuFileRead's declaration.
+            read: unsafe { need(&lib, cufile, p, &["cuFileRead"]) }?,
+            // SAFETY: FnWrite is cuFileWrite's declaration.
+            write: unsafe { need(&lib, cufile, p, &["cuFileWrite"]) }?,
+            // SAFETY: FnGetVersion is cuFileGetVersion's declaration.
             get_version: unsafe { function(&lib, "cuFileGetVersion") },
-            // SAFETY: cufile.h's `cuFileSetParameterSizeT(param, size_t)`,
-            // `cuFileSetParameterBool(param, bool)` and
-            // `cuFileSetParameterString(param, const char*)`; enums are ints.
+            // SAFETY: FnSetParamSize, FnSetParamBool and FnSetParamString are
+            // the declarations of the three cuFileSetParameter* functions.
             parameters: unsafe {
                 match (
                     function::<FnSetParamSize>(&lib, "cuFileSetParameterSizeT"),
@@ -183,7 +214,7 @@ impl CuFileApi {
     pub fn version(&self) -> Option<String> {
         let f = self.get_version?;
         let mut v: c_int = 0;
-        // SAFETY: writes one int.
+        // SAFETY: cuFileGetVersion writes one int, into `v`, a live local.
         let st = unsafe { f(&mut v) };
         (st.err == CU_FILE_SUCCESS && v > 0).then(|| format!("{}.{}.{}", v / 1000, (v % 1000) / 10, v % 10))
     }
@@ -227,11 +258,12 @@ impl CuFileApi {
         ];
         for (param, name, value) in sizes {
             let call = format!("cuFileSetParameterSizeT({name}, {value})");
-            // SAFETY: an enum value and a size.
-            self.call_status(&call, || unsafe { (api.size)(param, value) }, Some(cuda))?;
+            // SAFETY: plain values (a parameter enum and a size); nothing is borrowed.
+            let set = || unsafe { (api.size)(param, value) };
+            self.call_status(&call, set, Some(cuda))?;
         }
         let parallel_io = CUFILE_PARAM_EXECUTION_PARALLEL_IO;
-        // SAFETY: an enum value and a bool.
+        // SAFETY: plain values (a parameter enum and a bool); nothing is borrowed.
         let set_parallel_io = || unsafe { (api.boolean)(parallel_io, true) };
         self.call_status("cuFileSetParameterBool(parallel_io, true)", set_parallel_io, Some(cuda))?;
         let dir = std::ffi::CString::new(log_dir.as_os_str().as_encoded_bytes()).map_err(|_| GdsError::Config {
@@ -239,12 +271,11 @@ impl CuFileApi {
             path: log_dir.to_path_buf(),
             source: std::sync::Arc::new(std::io::Error::from_raw_os_error(libc::EINVAL)),
         })?;
-        // SAFETY: an enum value and a NUL-terminated string that outlives the call.
-        self.call_status(
-            &format!("cuFileSetParameterString(log_dir, {})", log_dir.display()),
-            || unsafe { (api.string)(CUFILE_PARAM_LOG_DIR, dir.as_ptr()) },
-            Some(cuda),
-        )?;
+        // SAFETY: a parameter enum and a NUL-terminated string, `dir`, that
+        // outlives the call (cuFile copies it).
+        let set_log_dir = || unsafe { (api.string)(CUFILE_PARAM_LOG_DIR, dir.as_ptr()) };
+        let call = format!("cuFileSetParameterString(log_dir, {})", log_dir.display());
+        self.call_status(&call, set_log_dir, Some(cuda))?;
         Ok(true)
     }
 
@@ -254,7 +285,8 @@ impl CuFileApi {
     /// spins forever in it when libcuda is missing.
     pub fn driver_open(&self, cuda: &CudaApi) -> Result<bool, GdsError> {
         clear_errno();
-        // SAFETY: no arguments; the caller checked libcuda and the devices.
+        // SAFETY: no arguments. (That libcuda works and a device is there is
+        // for liveness, not soundness: see above.)
         let st = unsafe { (self.driver_open)() };
         let e = errno();
         match st.err {
@@ -265,35 +297,30 @@ impl CuFileApi {
     }
 
     pub fn driver_close(&self, cuda: &CudaApi) -> Result<(), GdsError> {
-        // SAFETY: no arguments.
-        self.call_status("cuFileDriverClose", || unsafe { (self.driver_close)() }, Some(cuda))
+        // SAFETY: no arguments; closing a driver that is not open is an error status.
+        let close = || unsafe { (self.driver_close)() };
+        self.call_status("cuFileDriverClose", close, Some(cuda))
     }
 
     pub fn set_max_direct_io_size_kb(&self, kb: usize, cuda: &CudaApi) -> Result<(), GdsError> {
         // SAFETY: a plain size argument.
-        self.call_status(
-            &format!("cuFileDriverSetMaxDirectIOSize({kb} KiB)"),
-            || unsafe { (self.set_max_direct_io_size)(kb) },
-            Some(cuda),
-        )
+        let set = || unsafe { (self.set_max_direct_io_size)(kb) };
+        self.call_status(&format!("cuFileDriverSetMaxDirectIOSize({kb} KiB)"), set, Some(cuda))
     }
 
     pub fn buf_register(&self, ptr: u64, len: usize, cuda: &CudaApi) -> Result<(), GdsError> {
-        // SAFETY: cuFile checks the pointer against the CUDA driver itself.
-        self.call_status(
-            &format!("cuFileBufRegister({ptr:#x}, {len} bytes)"),
-            || unsafe { (self.buf_register)(ptr as *const c_void, len, 0) },
-            Some(cuda),
-        )
+        // SAFETY: the pointer is only an address to cuFile, which looks it up
+        // in the CUDA driver (an error status for memory CUDA does not know);
+        // nothing is read or written through it here.
+        let register = || unsafe { (self.buf_register)(ptr as *const c_void, len, 0) };
+        self.call_status(&format!("cuFileBufRegister({ptr:#x}, {len} bytes)"), register, Some(cuda))
     }
 
     pub fn buf_deregister(&self, ptr: u64, cuda: &CudaApi) -> Result<(), GdsError> {
-        // SAFETY: as above.
-        self.call_status(
-            &format!("cuFileBufDeregister({ptr:#x})"),
-            || unsafe { (self.buf_deregister)(ptr as *const c_void) },
-            Some(cuda),
-        )
+        // SAFETY: as in buf_register: an address cuFile looks up in its own
+        // table (an error status when it is not registered).
+        let deregister = || unsafe { (self.buf_deregister)(ptr as *const c_void) };
+        self.call_status(&format!("cuFileBufDeregister({ptr:#x})"), deregister, Some(cuda))
     }
 
     /// `cuFileHandleRegister` for a Linux fd.
@@ -304,17 +331,20 @@ impl CuFileApi {
             fs_ops: std::ptr::null(),
         };
         let mut handle: CuFileHandle = std::ptr::null_mut();
-        // SAFETY: both pointers are to live locals; cuFile copies the descriptor.
-        self.call_status(
-            &format!("cuFileHandleRegister(fd {fd})"),
-            || unsafe { (self.handle_register)(&mut handle, &mut descr) },
-            Some(cuda),
-        )?;
+        // SAFETY: both pointers are to live locals of the laid-out types
+        // cufile.h declares; cuFile copies the descriptor.
+        let register = || unsafe { (self.handle_register)(&mut handle, &mut descr) };
+        self.call_status(&format!("cuFileHandleRegister(fd {fd})"), register, Some(cuda))?;
         Ok(handle)
     }
 
-    pub fn handle_deregister(&self, handle: CuFileHandle) {
-        // SAFETY: a handle returned by handle_register, deregistered once.
+    /// `cuFileHandleDeregister`.
+    ///
+    /// # Safety
+    /// `handle` must come from [`CuFileApi::handle_register`] and not have
+    /// been deregistered yet, and no I/O may be using it.
+    pub unsafe fn handle_deregister(&self, handle: CuFileHandle) {
+        // SAFETY: the caller vouches for the handle (see the contract).
         unsafe { (self.handle_deregister)(handle) }
     }
 

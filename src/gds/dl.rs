@@ -35,8 +35,11 @@ pub(crate) struct Library {
     pub name: String,
 }
 
-// SAFETY: a dlopen handle may be used from any thread.
+// SAFETY: a dlopen handle is an opaque token of the dynamic loader, which
+// lets any thread use it (dlsym/dladdr are thread-safe in glibc).
 unsafe impl Send for Library {}
+// SAFETY: `Library` is only read after it is made (dlsym through `&self`),
+// and those calls are thread-safe.
 unsafe impl Sync for Library {}
 
 /// The text of the calling thread's last dl* error, without the leading
@@ -85,6 +88,8 @@ impl Library {
     /// symbols (for messages; `None` when the loader does not say).
     pub fn path_of(&self, symbol: &str) -> Option<String> {
         let addr = self.raw_symbol(symbol)?;
+        // SAFETY: Dl_info is plain C data (pointers and integers), for which
+        // all-zero bytes are a valid value.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         // SAFETY: `addr` is a symbol address inside a loaded object; `info` is writable.
         if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
@@ -143,7 +148,9 @@ mod tests {
         type Getpid = unsafe extern "C" fn() -> libc::pid_t;
         // SAFETY: getpid's C signature is `pid_t getpid(void)`.
         let getpid: Getpid = unsafe { function(&lib, "getpid") }.expect("getpid is in libc");
+        // SAFETY: getpid takes nothing and cannot fail.
         assert_eq!(unsafe { getpid() }, std::process::id() as libc::pid_t);
+        // SAFETY: no such symbol, so no pointer is made (and the type is getpid's anyway).
         assert!(unsafe { function::<Getpid>(&lib, "deepnvme_no_such_symbol") }.is_none());
         assert!(lib.path_of("getpid").is_some_and(|p| p.contains("libc")));
     }

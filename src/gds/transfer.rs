@@ -94,8 +94,11 @@ pub(crate) fn validate(t: &GdsTransfer, parallelism: usize, block_size: usize) -
 /// A registered handle shared by the piece threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct SharedHandle(CuFileHandle);
-// SAFETY: cuFile handles may be used from several threads at once.
+// SAFETY: a CUfileHandle_t is an opaque token, not memory Rust reads; cuFile
+// lets any thread use it (deregistration is serialised by FILE_HANDLES).
 unsafe impl Send for SharedHandle {}
+// SAFETY: shared use is concurrent cuFileRead/cuFileWrite on one handle,
+// which cuFile allows.
 unsafe impl Sync for SharedHandle {}
 
 /// cuFile handles of the fds that transfers in flight use (see `fd_handles.rs`).
@@ -117,7 +120,10 @@ impl<'a> FileHandle<'a> {
 
 impl Drop for FileHandle<'_> {
     fn drop(&mut self) {
-        FILE_HANDLES.release(self.fd, |h| self.gpu.cufile.handle_deregister(h.0));
+        // SAFETY: FILE_HANDLES calls this once, for the last user of the
+        // handle that `acquire` registered, after every transfer using it
+        // ended, and drops the entry with it, so it is deregistered once.
+        FILE_HANDLES.release(self.fd, |h| unsafe { self.gpu.cufile.handle_deregister(h.0) });
     }
 }
 
@@ -142,8 +148,10 @@ impl PieceJob {
             let want = piece.len - done;
             let file_offset = self.t.file_offset + (piece.offset + done) as u64;
             let buf_offset = self.buf_offset + (piece.offset + done) as u64;
-            // SAFETY: the caller vouches that device_ptr..+len is live device
-            // memory for the call; base + buf_offset stays inside it.
+            // SAFETY: the caller of run_transfer vouches that device_ptr..+len
+            // is live device memory for the call, and base + buf_offset + want
+            // stays inside it (the pieces tile [0, len)); the handle stays
+            // registered while `run` holds its FileHandle.
             let (ret, errno) = unsafe {
                 self.gpu.cufile.io(write, self.handle.0, self.base, want, file_offset as i64, buf_offset as i64)
             };
