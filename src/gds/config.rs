@@ -88,14 +88,14 @@ pub(crate) fn config_json(settings: &DriverSettings, log_dir: &str) -> String {
     )
 }
 
-/// The base directory for the private config directory: `$TMPDIR` when it
-/// is an absolute UTF-8 path to a directory, else `/tmp`.
 /// cuFile's default config path, when the machine has one.
 pub(crate) fn site_config() -> Option<PathBuf> {
     let p = PathBuf::from("/etc/cufile.json");
     p.is_file().then_some(p)
 }
 
+/// The base directory for the private config directory: `$TMPDIR` when it
+/// is an absolute UTF-8 path to a directory, else `/tmp`.
 pub(crate) fn temp_base() -> PathBuf {
     let t = std::env::temp_dir();
     if t.is_absolute() && t.to_str().is_some() && t.is_dir() {
