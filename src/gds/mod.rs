@@ -1,7 +1,7 @@
 //! GPUDirect Storage through cuFile: the device side of DeepSpeed's
 //! `deepspeed_gds_handle_t` / `gds_op_desc_t`, without torch.
 //!
-//! * [`probe`] says once per process whether GDS can work here and, if not,
+//! * [`probe()`] says once per process whether GDS can work here and, if not,
 //!   exactly what is missing (libcufile and the names searched, libcuda /
 //!   the NVIDIA driver, a CUDA device, or the `cuFileDriverOpen` status and
 //!   errno).
