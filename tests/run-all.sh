@@ -17,6 +17,11 @@ say() { printf '\n== %s\n' "$*"; }
 say "cargo test (Rust core and the deepnvme CLI)"
 cargo test --all-targets
 
+# The workspace lints (Cargo.toml: every unsafe block says why it is sound)
+# and clippy's defaults, over every feature (the cxx bridge, the pyo3 module).
+say "cargo clippy (workspace lints, all features)"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
 # Where io_uring is blocked (Docker's default seccomp answers EPERM), the psync
 # engine must carry everything. As root, simulate that for a second pass of
 # the core tests with kernel.io_uring_disabled=2, restored on any exit.
