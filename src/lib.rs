@@ -110,7 +110,7 @@ pub use engine::{default_kind as default_engine, io_uring_status, EngineKind};
 pub use error::{errno_text, Direction, Error, Result, TransferError};
 pub use file::{dio_alignment, DioAlignment, FileTarget};
 pub use gds::GdsError;
-pub use handle::{IoHandle, Pending};
+pub use handle::{IoHandle, OpScope, Pending};
 pub use op::OpRequest;
 pub use pinned::{LockedBuffer, PinnedMemoryManager};
 pub use stats::Stats;

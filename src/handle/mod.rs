@@ -43,16 +43,18 @@
 //! (the queue, ordering and waits), `latch` (an op in flight), `workers`
 //! (threads and op streams), `calling_thread` (ops on the caller's thread),
 //! `windowed` (blocking ops through bounce windows), `device` (GDS routing)
-//! and `owned` (owned buffers).
+//! `owned` (owned buffers) and `scoped` (async ops on borrowed memory).
 
 mod api;
 mod calling_thread;
 mod device;
 mod latch;
 mod owned;
+mod scoped;
 mod submit;
 mod windowed;
 mod workers;
 
 pub use api::IoHandle;
 pub use owned::Pending;
+pub use scoped::OpScope;
