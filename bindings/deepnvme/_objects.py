@@ -10,10 +10,9 @@ memoryview, mmap, array.array, ...), reached through ctypes so that the
 abi3 module needs no buffer API. Nothing here imports torch or numpy: an
 object is recognised by its interface.
 
-``describe(obj, into)`` returns one tuple the Rust side unpacks::
-
-    (ptr, nbytes, element_size, dim0, device, device_index,
-     contiguous, pinned, has_storage, hold, copier, extent)
+``describe(obj, into)`` returns a ``Description`` (a named tuple, whose
+field order src/python/buffer.rs checks once against ``Description._fields``
+and then unpacks by position, as cheaply as a plain tuple).
 
 ``hold`` is what the op keeps until ``wait()`` finishes it (the object, or
 the ctypes view that holds its buffer export, so a bytearray cannot be
@@ -28,9 +27,18 @@ copies a bounced read into it only at ``wait()``, after checking it has not
 moved (the compiled modules' glue does the same).
 """
 
+import collections
 import ctypes
 
-__all__ = ["describe", "locked_object"]
+__all__ = ["Description", "describe", "locked_object"]
+
+#: What the core needs of an object: its address and size, the element size
+#: and first dimension DeepSpeed's checks use, where it lives, whether it is
+#: contiguous, pinned and has a storage, what the op holds, how to copy it
+#: when it is not plain host memory, and where its bytes are now (below).
+Description = collections.namedtuple("Description", (
+    "ptr", "nbytes", "element_size", "dim0", "device", "device_index",
+    "contiguous", "pinned", "has_storage", "hold", "copier", "extent"))
 
 
 def _bytes_at(addr, nbytes):
@@ -140,7 +148,7 @@ def _describe_tensor(t):
     host_direct = kind == "cpu" and contiguous
     copier = None if host_direct or not has_storage else _TensorCopier(t)
     extent = _TensorExtent(t) if host_direct and has_storage else None
-    return (ptr, nbytes, t.element_size(), dim0, kind, index, contiguous, pinned, has_storage, hold, copier, extent)
+    return Description(ptr, nbytes, t.element_size(), dim0, kind, index, contiguous, pinned, has_storage, hold, copier, extent)
 
 
 def _c_strides(shape, itemsize):
@@ -170,7 +178,7 @@ def _describe_array(obj, ai, into, what):
     contiguous = strides is None or count == 0 or tuple(strides) == _c_strides(shape, itemsize)
     dim0 = shape[0] if shape else 0
     copier = None if contiguous else _ArrayCopier(obj)
-    return (ptr or 0, count * itemsize, itemsize, dim0, "cpu", -1, contiguous, False, True, obj, copier, None)
+    return Description(ptr or 0, count * itemsize, itemsize, dim0, "cpu", -1, contiguous, False, True, obj, copier, None)
 
 
 def _describe_buffer(obj, into, what):
@@ -199,7 +207,7 @@ def _describe_buffer(obj, into, what):
         # Holds the buffer export until the op lets go of it: the object
         # cannot be resized, closed or freed under the I/O.
         hold = (ctypes.c_char * nbytes).from_buffer(flat)
-    return (ctypes.addressof(hold), nbytes, itemsize, dim0, "cpu", -1, True, False, True, hold, None, None)
+    return Description(ctypes.addressof(hold), nbytes, itemsize, dim0, "cpu", -1, True, False, True, hold, None, None)
 
 
 def describe(obj, into, what="buffer"):

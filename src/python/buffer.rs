@@ -32,10 +32,32 @@ pub(crate) fn py_err(e: Error) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }
 
-/// `deepnvme._objects`, imported once.
+/// The fields of `deepnvme._objects.Description`, in the order [`describe`]
+/// unpacks them.
+const DESCRIPTION_FIELDS: [&str; 12] = [
+    "ptr", "nbytes", "element_size", "dim0", "device", "device_index", "contiguous", "pinned", "has_storage", "hold",
+    "copier", "extent",
+];
+
+/// `deepnvme._objects`, imported once, after checking that its
+/// `Description` has the fields this file unpacks (a package and a native
+/// module from different builds fail here, with both lists).
 pub(crate) fn objects(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    MODULE.get_or_try_init(py, || py.import("deepnvme._objects").map(Bound::unbind)).map(|m| m.bind(py))
+    MODULE
+        .get_or_try_init(py, || {
+            let module = py.import("deepnvme._objects")?;
+            let fields: Vec<String> = module.getattr("Description")?.getattr("_fields")?.extract()?;
+            if fields != DESCRIPTION_FIELDS {
+                return Err(PyRuntimeError::new_err(format!(
+                    "deepnvme._objects.Description has fields {fields:?}, this build of deepnvme._native unpacks \
+                     {DESCRIPTION_FIELDS:?}: the Python package and the native module come from different builds; \
+                     reinstall deepnvme"
+                )));
+            }
+            Ok(module.unbind())
+        })
+        .map(|m| m.bind(py))
 }
 
 /// An object described for the core, and the op's hold on it.
@@ -148,6 +170,7 @@ fn tensor_extent(extent: &Bound<'_, PyAny>) -> Option<(usize, usize)> {
 /// object (a read), so a read-only buffer is refused with a TypeError.
 pub(crate) fn describe(py: Python<'_>, obj: &Bound<'_, PyAny>, into: bool, what: &str) -> PyResult<Described> {
     let answer = objects(py)?.call_method1("describe", (obj, into, what))?;
+    // A `Description`, by position: see DESCRIPTION_FIELDS.
     #[allow(clippy::type_complexity)]
     let (ptr, nbytes, element_size, dim0, device, index, contiguous, pinned, has_storage, hold, copier, extent): (
         usize,

@@ -342,3 +342,25 @@ def test_build_info_records_the_torch_and_pybind11_abi():
         assert deepnvme.build_info() is None  # a wheel install has no compiled modules to describe
         return
     assert deepnvme.build_info() == running, "the compiled modules were built for another torch"
+
+
+def test_a_description_from_another_build_is_refused_naming_both(tmp_path):
+    # The native module unpacks deepnvme._objects.Description by position;
+    # a package whose fields differ (another build) must fail the first op
+    # with both lists, never move bytes with a misread description.
+    code = f"""
+        import collections
+        import deepnvme._objects as o
+        o.Description = collections.namedtuple("Description", o.Description._fields[1:] + ("ptr",))
+        import deepnvme.frontend as fe
+        h = fe.aio_handle()
+        try:
+            h.sync_pwrite(bytearray(4096), {str(tmp_path / "x.bin")!r})
+        except RuntimeError as e:
+            print("REFUSED", e)
+    """
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert "REFUSED" in proc.stdout and "different builds" in proc.stdout, proc.stdout + proc.stderr
+    assert 'has fields ["nbytes"' in proc.stdout and 'unpacks ["ptr"' in proc.stdout, proc.stdout
+    assert not (tmp_path / "x.bin").exists() or os.path.getsize(tmp_path / "x.bin") == 0
