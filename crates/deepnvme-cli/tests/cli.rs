@@ -14,13 +14,14 @@ fn help_lists_commands_and_options() {
     let dir = TempDir::new("help");
     let o = run_in(&dir.0, &["--help"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    for word in ["bench", "tune", "info", "DEEPNVME_ENGINE"] {
+    for word in ["bench", "tune", "info", "doctor", "DEEPNVME_ENGINE"] {
         assert!(stdout(&o).contains(word), "top-level help lacks {word}: {}", stdout(&o));
     }
     for (cmd, options) in [
         ("bench", &["--block-size", "--queue-depth", "--single-submit", "--no-prepare", "--json", "SIZE takes a suffix"][..]),
         ("tune", &["--block-size", "--overlap-events", "--top", "comma-separated"][..]),
         ("info", &["--dir", "--json"][..]),
+        ("doctor", &["--dir", "--config", "--model-params", "--python", "--only", "--no-bench", "--json", "exit status is 1"][..]),
     ] {
         for help in [vec![cmd, "--help"], vec![cmd, "-h"], vec!["help", cmd]] {
             let o = run_in(&dir.0, &help);
