@@ -477,4 +477,16 @@ fn a_bad_config_is_an_error_naming_the_file() {
     assert!(stderr(&o).contains("bad.json is not JSON"), "{}", stderr(&o));
     let o = doctor_cmd(&dir.0, &["--only", "disks"]).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let mut cmd = doctor_cmd(&dir.0, &["--only", "filesystem"]);
+    let o = cmd.args(["--dir", bad.to_str().unwrap()]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("bad.json is not a directory"), "{}", stderr(&o));
+    // A directory that does not exist yet is checked where it would be created.
+    let later = dir.0.join("not/yet");
+    let mut cmd = doctor_cmd(&dir.0, &["--json", "--only", "filesystem"]);
+    cmd.args(["--dir", later.to_str().unwrap()]);
+    let (j, code, _) = run(cmd);
+    expect(finding(&j, "filesystem", "directory"), "warn", &["does not exist"], &["mkdir -p"]);
+    expect(finding(&j, "filesystem", "O_DIRECT"), "ok", &[], &[]);
+    assert_eq!(code, Some(0));
 }

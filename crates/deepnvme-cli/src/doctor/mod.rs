@@ -227,6 +227,9 @@ pub fn main(args: DoctorArgs) -> Result<(), CliError> {
         .clone()
         .or_else(|| config.as_ref().and_then(|c| c.nvme_path().map(Path::to_path_buf)))
         .unwrap_or_else(|| PathBuf::from("."));
+    if dir.exists() && !dir.is_dir() {
+        return Err(CliError::Failed(format!("{} is not a directory", dir.display())));
+    }
     let probe_dir = nearest_existing(&dir);
     let mut sections: Vec<&'static str> = if args.only.is_empty() { SECTIONS.to_vec() } else { args.only.clone() };
     let skipped = |s: &str| (args.no_bench && s == "bench") || (s == "config" && config.is_none());
