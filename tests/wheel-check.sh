@@ -100,7 +100,10 @@ import deepnvme
 assert deepnvme.load_op("async_io").__name__ == "deepnvme.frontend"
 import deepnvme.frontend as fe
 d = sys.argv[1]
-h = fe.aio_handle(block_size=8192, queue_depth=4, single_submit=False, overlap_events=True, intra_op_parallelism=2)
+# The top level serves the same API (deepnvme.frontend's) for Python users without DeepSpeed.
+assert deepnvme.aio_handle is fe.aio_handle and deepnvme.pin_handle is fe.pin_handle
+h = deepnvme.aio_handle(block_size=8192, queue_depth=4, single_submit=False, overlap_events=True,
+                        intra_op_parallelism=2)
 locked = h.new_cpu_locked_tensor(1 << 20, np.zeros(0, dtype=np.float32))
 assert isinstance(locked, np.ndarray) and locked.dtype == np.float32 and h.is_pinned(locked)
 locked[:] = np.arange(locked.size, dtype=np.float32)

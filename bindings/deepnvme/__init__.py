@@ -3,6 +3,16 @@
     from deepspeed.ops.op_builder import AsyncIOBuilder
     h = AsyncIOBuilder().load().aio_handle()      # Rust-backed, no libaio
 
+Without DeepSpeed, the same API is at the top level, with or without torch:
+
+    import numpy as np, deepnvme
+    h = deepnvme.aio_handle(1 << 20, 32, False, True, 1)
+    h.sync_pwrite(np.arange(1 << 20, dtype=np.float32), "/nvme/a.bin")
+
+``deepnvme.aio_handle``, ``pin_handle``, ``gds_handle``, ``aio_read``,
+``aio_write`` and ``deepspeed_memcpy`` are ``deepnvme.frontend``'s (the
+pyo3 front end, which needs no torch), loaded on first use.
+
 The modules are DeepSpeed's own pybind bindings (``py_ds_aio.cpp``,
 ``py_ds_pin_memory.cpp``, ``py_ds_gds.cpp``), compiled unchanged against
 deepnvme's headers:
@@ -35,13 +45,31 @@ import importlib
 import importlib.util
 import os
 
+# DeepSpeed's op API, served at the top level by the pyo3 front end.
+FRONTEND_API = ("aio_handle", "pin_handle", "gds_handle", "aio_read", "aio_write", "deepspeed_memcpy")
+
 __all__ = [
     "OPS", "FRONTEND_ENV", "choose_frontend", "load_op", "op_unavailable_reason", "native", "stats",
-    "provided_ops", "include_dir", "library_dir", "libraries",
+    "provided_ops", "include_dir", "library_dir", "libraries", *FRONTEND_API,
 ]
 __version__ = "0.1.0"
 
 OPS = ("async_io", "pin_memory", "gds")
+
+
+def __getattr__(name):
+    """deepnvme.aio_handle and the rest of FRONTEND_API: deepnvme.frontend's,
+    imported on first use, so that `import deepnvme` (which the .pth hook
+    does at every interpreter start) stays free of the core."""
+    if name in FRONTEND_API:
+        value = getattr(importlib.import_module("deepnvme.frontend"), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'deepnvme' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(FRONTEND_API))
 
 
 def native():

@@ -249,6 +249,20 @@ pub fn fmt_size(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
+/// Bytes to three significant digits in the largest binary unit that fits:
+/// `14.5 GiB`, `1 GiB`, `512 B` (for free space and memory, never exact).
+pub fn fmt_size_approx(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
+    for (name, shift) in UNITS {
+        if bytes >= 1u64 << shift {
+            let v = bytes as f64 / (1u64 << shift) as f64;
+            let decimals = if v >= 100.0 { 0 } else if v >= 10.0 { 1 } else { 2 };
+            return format!("{} {name}", trim_float(v, decimals));
+        }
+    }
+    format!("{bytes} B")
+}
+
 /// Compact size for table cells: `128K`, `1M`, `4M`, `1.5M`, `1000`.
 pub fn fmt_size_short(bytes: u64) -> String {
     for (name, shift) in [("G", 30u32), ("M", 20), ("K", 10)] {
@@ -318,5 +332,10 @@ mod tests {
         assert_eq!(fmt_size_short(128 << 10), "128K");
         assert_eq!(fmt_size_short(1 << 20), "1M");
         assert_eq!(fmt_size_short(1000), "1000");
+        assert_eq!(fmt_size_approx(15_535_210_496), "14.5 GiB");
+        assert_eq!(fmt_size_approx(4_001_792), "3.82 MiB");
+        assert_eq!(fmt_size_approx(1 << 30), "1 GiB");
+        assert_eq!(fmt_size_approx(251 << 30), "251 GiB");
+        assert_eq!(fmt_size_approx(512), "512 B");
     }
 }

@@ -2,7 +2,9 @@
 //! The other modules import these from here and never name `deepnvme`
 //! themselves, so a change to the core's public API is a change to this file.
 
-pub use deepnvme::dio_alignment;
+pub use deepnvme::gds::{GdsError, GdsLibrary, CUFILE_ENV_PATH_JSON, CUFILE_LIB_ENV};
+pub use deepnvme::knobs::ENGINE_ENV;
+pub use deepnvme::{dio_alignment, errno_text};
 pub use deepnvme::pinned::{memlock_limit, page_size, LockMode, PageAlignedBuffer};
 pub use deepnvme::{
     BufferDesc, Direction, EngineKind, Error, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager,
@@ -35,4 +37,15 @@ pub fn is_lock_error(e: &Error) -> bool {
 pub unsafe fn host_buffer(ptr: *mut u8, len: usize, pinned: bool) -> BufferDesc {
     // SAFETY: the caller upholds BufferDesc::from_raw_parts' contract (see above).
     unsafe { BufferDesc::from_raw_parts(ptr, len) }.pinned(pinned)
+}
+
+/// What GPUDirect Storage would use here (libraries, versions, devices), or
+/// what is missing; does not open the cuFile driver.
+pub fn gds_environment() -> Result<String, GdsError> {
+    deepnvme::gds::environment_summary()
+}
+
+/// Whether GPUDirect Storage works here, the cuFile driver opened included.
+pub fn gds_probe() -> Result<(), GdsError> {
+    deepnvme::gds::probe()
 }

@@ -63,7 +63,7 @@ struct InfoReport {
 }
 
 /// What probing a directory's file system found.
-enum Dio {
+pub(crate) enum Dio {
     /// O_DIRECT works; alignment and whether statx reported it.
     Aligned { offset: usize, memory: usize, reported: bool },
     /// The file system refuses O_DIRECT (EINVAL): ops go buffered.
@@ -72,7 +72,7 @@ enum Dio {
     Unknown(String),
 }
 
-fn probe_dio(dir: &Path) -> Dio {
+pub(crate) fn probe_dio(dir: &Path) -> Dio {
     let path = dir.join(format!(".deepnvme-info-{}.tmp", std::process::id()));
     let opened = std::fs::OpenOptions::new()
         .write(true)
@@ -116,11 +116,11 @@ fn has_cap_ipc_lock() -> bool {
 
 /// `rlim_t` is not `u64` on every target, hence the cast.
 #[allow(clippy::unnecessary_cast)]
-fn unlimited(v: u64) -> bool {
+pub(crate) fn unlimited(v: u64) -> bool {
     v == libc::RLIM_INFINITY as u64
 }
 
-fn fmt_limit(v: u64) -> String {
+pub(crate) fn fmt_limit(v: u64) -> String {
     if unlimited(v) {
         "unlimited".into()
     } else {

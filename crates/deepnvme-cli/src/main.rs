@@ -1,5 +1,6 @@
 //! The `deepnvme` command-line tool: benchmark (`bench`), knob sweep
-//! (`tune`) and environment report (`info`) for the DeepNVMe core.
+//! (`tune`), environment report (`info`) and checks (`doctor`) for the
+//! DeepNVMe core.
 //!
 //! This file owns the top-level command (clap), subcommand dispatch and the
 //! exit status: 0 on success, 1 when the work fails, 2 for a bad command
@@ -7,6 +8,7 @@
 //! * `args`: the options `bench` and `tune` share, value parsers (sizes with
 //!   suffixes, counts, switches), sizes for output, [`CliError`];
 //! * `bench`, `tune`, `info`: the subcommands, their options and `--json`;
+//! * `doctor`: the checks of `deepnvme doctor`, one module per concern;
 //! * `runner`: the file, locked buffer, handle and timed pass they share;
 //! * `core_api`: every item of the core crate the tool uses, in one place;
 //! * `progress`: the progress line (and informational lines) on stderr.
@@ -14,6 +16,7 @@
 mod args;
 mod bench;
 mod core_api;
+mod doctor;
 mod info;
 mod progress;
 mod runner;
@@ -50,6 +53,8 @@ enum Command {
     Tune(tune::TuneArgs),
     #[command(about = info::ABOUT, long_about = info::LONG_ABOUT)]
     Info(info::InfoArgs),
+    #[command(about = doctor::ABOUT, long_about = doctor::LONG_ABOUT, after_help = doctor::AFTER_HELP)]
+    Doctor(doctor::DoctorArgs),
     /// The version (as --version)
     #[command(hide = true)]
     Version,
@@ -60,6 +65,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(a) => bench::main(a),
         Command::Tune(a) => tune::main(a),
         Command::Info(a) => info::main(a),
+        Command::Doctor(a) => doctor::main(a),
         Command::Version => {
             println!("deepnvme {}", env!("CARGO_PKG_VERSION"));
             Ok(())

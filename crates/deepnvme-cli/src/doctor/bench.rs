@@ -1,0 +1,239 @@
+//! The `bench` section: a short `deepnvme bench` in the directory with the
+//! config's aio knobs, once per engine that works here (so the psync
+//! fallback's cost is measured, not guessed), then fio on the same file
+//! with the same block size and queue depth when fio is installed, and the
+//! two side by side. `--bench-size` sets the bytes per pass; `--no-bench`
+//! skips the section.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::report::Finding;
+use super::Context;
+use crate::args::{fmt_size, fmt_size_approx};
+use crate::core_api::{self, Direction, EngineKind};
+use crate::progress::{Progress, ProgressMode};
+use crate::runner::{self, BenchFile, IoBuffer, Knobs, Pass, GB};
+
+const SECTION: &str = "bench";
+/// Bytes per op: the passes are short, so one op per pass up to this.
+const MAX_OP: u64 = 256 << 20;
+/// Below this share of fio's GB/s the knobs (or the tool) deserve a look;
+/// short passes are noisy, so only a gap this wide is reported.
+const SLOW_RATIO: f64 = 0.5;
+
+/// Write then read GB/s and CPU s/GB of one engine.
+struct Measured {
+    engine: &'static str,
+    write: Pass,
+    read: Pass,
+}
+
+fn cpu_per_gb(p: &Pass) -> f64 {
+    p.cpu_secs / (p.bytes as f64 / GB)
+}
+
+fn line(m: &Measured) -> String {
+    format!(
+        "{}: write {:.2} GB/s ({:.2} CPU s/GB), read {:.2} GB/s ({:.2} CPU s/GB)",
+        m.engine,
+        m.write.gb_per_s(),
+        cpu_per_gb(&m.write),
+        m.read.gb_per_s(),
+        cpu_per_gb(&m.read)
+    )
+}
+
+fn measure(
+    knobs: &Knobs,
+    engine: EngineKind,
+    file: &BenchFile,
+    buffer: &IoBuffer,
+    size: u64,
+) -> Result<Measured, String> {
+    let handle = knobs.open_handle(Some(engine)).map_err(|e| e.to_string())?;
+    let quiet = || Progress::new(ProgressMode::Off, "");
+    let pass = |d: Direction, p: &mut Progress| {
+        runner::run_pass(&handle, buffer, file.path(), size, d, p).map_err(|e| e.to_string())
+    };
+    // A new file is written once untimed, so the timed write overwrites
+    // allocated blocks, as swapping does in steady state.
+    if file.len() < size {
+        pass(Direction::Write, &mut quiet())?;
+    }
+    let write = pass(Direction::Write, &mut quiet())?;
+    let read = pass(Direction::Read, &mut quiet())?;
+    Ok(Measured { engine: engine.name(), write, read })
+}
+
+/// fio's GB/s and CPU s/GB for `rw` (write or read) on `path`.
+fn fio(path: &Path, size: u64, ctx: &Context, engine: &str, rw: &str) -> Result<(f64, f64), String> {
+    let aio = ctx.aio();
+    let jobs = aio.intra_op_parallelism.max(1) as u64;
+    let per_job = size / jobs;
+    let out = Command::new("fio")
+        .args([
+            "--name=deepnvme-doctor",
+            &format!("--filename={}", path.display()),
+            &format!("--size={per_job}"),
+            &format!("--offset_increment={per_job}"),
+            &format!("--numjobs={jobs}"),
+            "--group_reporting",
+            &format!("--bs={}", aio.block_size),
+            &format!("--iodepth={}", aio.queue_depth),
+            &format!("--ioengine={engine}"),
+            "--direct=1",
+            &format!("--rw={rw}"),
+            "--output-format=json",
+        ])
+        .output()
+        .map_err(|e| format!("cannot run fio: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = text.find('{').map(|i| &text[i..]).unwrap_or("");
+    let v: Value = serde_json::from_str(json).map_err(|_| {
+        format!(
+            "fio {rw} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+        )
+    })?;
+    let job = &v["jobs"][0];
+    if job["error"].as_i64().unwrap_or(0) != 0 {
+        return Err(format!("fio {rw} failed with error {}", job["error"]));
+    }
+    let bw = job[rw]["bw_bytes"].as_f64().ok_or("fio reported no bandwidth")? / GB;
+    let secs = job["job_runtime"].as_f64().unwrap_or(0.0) / 1000.0;
+    let cpu = (job["usr_cpu"].as_f64().unwrap_or(0.0) + job["sys_cpu"].as_f64().unwrap_or(0.0)) / 100.0 * secs;
+    Ok((bw, cpu / (size as f64 / GB)))
+}
+
+fn fio_engine(uring: bool) -> Option<&'static str> {
+    let help = Command::new("fio").arg("--enghelp").output().ok()?;
+    let engines = String::from_utf8_lossy(&help.stdout).to_string();
+    let has = |e: &str| engines.lines().any(|l| l.trim() == e);
+    if uring && has("io_uring") {
+        Some("io_uring")
+    } else if has("libaio") {
+        Some("libaio")
+    } else {
+        Some("psync")
+    }
+}
+
+pub fn check(ctx: &Context) -> Vec<Finding> {
+    let aio = ctx.aio();
+    let knobs = Knobs {
+        block_size: aio.block_size,
+        queue_depth: aio.queue_depth,
+        single_submit: aio.single_submit,
+        overlap_events: aio.overlap_events,
+        parallelism: aio.intra_op_parallelism,
+    };
+    let size = ctx.bench_size;
+    let knobs_line = crate::bench::knobs_line(&knobs);
+    let not_run = |why: String| {
+        vec![Finding::warn(SECTION, "deepnvme", "not run")
+            .why(why)
+            .fix("fix what the other sections name, or pass a smaller --bench-size (or --no-bench)")]
+    };
+    if let Err(m) = knobs.check(None).and_then(|()| runner::check_split(size, size.min(MAX_OP), knobs.parallelism)) {
+        return not_run(format!("the aio knobs cannot run: {m}"));
+    }
+    if let Some((free, _)) = super::filesystem::space(&ctx.probe_dir) {
+        if free < size {
+            return not_run(format!(
+                "{} free, fewer than the {} pass (see free space)",
+                fmt_size_approx(free),
+                fmt_size(size)
+            ));
+        }
+    }
+    let file = match BenchFile::open(None, Some(&ctx.probe_dir), false, "doctor") {
+        Ok(f) => f,
+        Err(e) => return not_run(e.to_string()),
+    };
+    let buffer = match IoBuffer::new(size.min(MAX_OP) as usize) {
+        Ok(b) => b,
+        Err(e) => return not_run(e.to_string()),
+    };
+    let uring = core_api::io_uring_status().is_ok();
+    let mut engines = vec![EngineKind::Psync];
+    if uring {
+        engines.insert(0, EngineKind::Uring);
+    }
+    let mut out = Vec::new();
+    let mut measured = Vec::new();
+    for engine in engines {
+        match measure(&knobs, engine, &file, &buffer, size) {
+            Ok(m) => measured.push(m),
+            Err(e) => out.push(
+                Finding::fail(SECTION, "deepnvme", format!("{} pass failed", engine.name()))
+                    .why(e)
+                    .fix("see the filesystem and device sections; the error names the file, offset and errno"),
+            ),
+        }
+    }
+    let locked = if buffer.locked() { "a locked buffer" } else { "an unlocked buffer (RLIMIT_MEMLOCK)" };
+    let what = format!("{} per pass in {}, {knobs_line}, {locked}", fmt_size(size), ctx.probe_dir.display());
+    if !measured.is_empty() {
+        out.push(
+            Finding::ok(SECTION, "deepnvme", measured.iter().map(line).collect::<Vec<_>>().join("; "))
+                .why(format!("{what}; 1 GB = 10^9 B")),
+        );
+    }
+    if let [u, p] = &measured[..] {
+        let r = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+        out.push(Finding::ok(
+            SECTION,
+            "fallback cost",
+            format!(
+                "psync against io_uring: write {:.2}x the GB/s at {:.2}x the CPU per GB, read {:.2}x at {:.2}x",
+                r(p.write.gb_per_s(), u.write.gb_per_s()),
+                r(cpu_per_gb(&p.write), cpu_per_gb(&u.write)),
+                r(p.read.gb_per_s(), u.read.gb_per_s()),
+                r(cpu_per_gb(&p.read), cpu_per_gb(&u.read))
+            ),
+        ));
+    }
+
+    // fio on the same file, with the same block size and depth.
+    let has_fio = Command::new("fio").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !has_fio {
+        out.push(
+            Finding::ok(SECTION, "fio", "not installed: no comparison").why("apt-get install -y fio (or dnf) adds one"),
+        );
+    } else if let (Some(engine), Some(best)) = (fio_engine(uring), measured.first()) {
+        match (fio(file.path(), size, ctx, engine, "write"), fio(file.path(), size, ctx, engine, "read")) {
+            (Ok((w, wc)), Ok((r, rc))) => {
+                let summary =
+                    format!("fio {engine}: write {w:.2} GB/s ({wc:.2} CPU s/GB), read {r:.2} GB/s ({rc:.2} CPU s/GB)");
+                let why = format!(
+                    "the same file, --bs={} --iodepth={} --numjobs={} --direct=1; deepnvme {} reached {:.2}x \
+                     (write) and {:.2}x (read)",
+                    aio.block_size,
+                    aio.queue_depth,
+                    aio.intra_op_parallelism,
+                    best.engine,
+                    best.write.gb_per_s() / w,
+                    best.read.gb_per_s() / r
+                );
+                let slow = best.write.gb_per_s() < SLOW_RATIO * w || best.read.gb_per_s() < SLOW_RATIO * r;
+                out.push(if slow {
+                    Finding::warn(SECTION, "fio", summary).why(format!("{why}: well under fio")).fix(format!(
+                        "sweep the knobs: deepnvme tune --dir {} (and use the aio block it prints)",
+                        ctx.probe_dir.display()
+                    ))
+                } else {
+                    Finding::ok(SECTION, "fio", summary).why(why)
+                });
+            }
+            (Err(e), _) | (_, Err(e)) => out.push(
+                Finding::warn(SECTION, "fio", "did not run").why(e).fix("run the fio command by hand to see its error"),
+            ),
+        }
+    }
+    drop(file);
+    out
+}

@@ -1,0 +1,83 @@
+"""The package's top level for Python users without DeepSpeed:
+deepnvme.aio_handle, pin_handle, gds_handle, aio_read, aio_write and
+deepspeed_memcpy are deepnvme.frontend's, imported on first use, and work
+on numpy arrays, buffers and torch tensors, in a process with torch and in
+one where torch cannot be imported. These run in every pass of the suite
+(whatever DEEPNVME_FRONTEND says): the top level is always the pyo3 front
+end, which needs no compiled extension."""
+
+import numpy as np
+import pytest
+import torch
+
+from _util import PAGE, pattern, run_python
+
+import deepnvme
+import deepnvme.frontend as fe
+
+NAMES = ("aio_handle", "pin_handle", "gds_handle", "aio_read", "aio_write", "deepspeed_memcpy")
+
+
+def test_the_names_are_the_frontends():
+    assert deepnvme.FRONTEND_API == NAMES
+    for name in NAMES:
+        assert getattr(deepnvme, name) is getattr(fe, name), name
+        assert name in deepnvme.__all__ and name in dir(deepnvme), name
+    with pytest.raises(AttributeError, match="no attribute 'aio_handel'"):
+        deepnvme.aio_handel  # noqa: B018  (the typo is the point)
+
+
+def test_numpy_round_trip_through_the_top_level(tmp_path):
+    h = deepnvme.aio_handle(block_size=8192, queue_depth=4, single_submit=False, overlap_events=True,
+                            intra_op_parallelism=2)
+    a = np.frombuffer(pattern(4 * PAGE, 3), dtype=np.float32).copy()
+    path = str(tmp_path / "a.bin")
+    assert h.sync_pwrite(a, path) == 1
+    b = np.zeros_like(a)
+    assert h.async_pread(b, path) == 0 and h.wait() == 1
+    assert b.tobytes() == a.tobytes()
+    locked = deepnvme.pin_handle().new_cpu_locked_tensor(PAGE, np.zeros(0, dtype=np.int16))
+    assert isinstance(locked, np.ndarray) and locked.dtype == np.int16 and h.is_pinned(locked)
+
+
+def test_functions_and_tensors_through_the_top_level(tmp_path):
+    data = pattern(2 * PAGE, 4)
+    src = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    path = str(tmp_path / "t.bin")
+    assert deepnvme.aio_write(src, path, 4096, 4, False, False, True) == 0
+    dst = torch.zeros(2 * PAGE, dtype=torch.uint8)
+    assert deepnvme.aio_read(dst, path, 4096, 4, False, False, True) == 0
+    assert bytes(dst.numpy()) == data
+    out = torch.zeros(16, dtype=torch.float32)
+    deepnvme.deepspeed_memcpy(out, torch.arange(16, dtype=torch.float32))
+    assert torch.equal(out, torch.arange(16, dtype=torch.float32))
+
+
+def test_gds_handle_without_gds_is_a_clear_error():
+    if deepnvme.native().gds_unavailable_reason() is None:
+        pytest.skip("GPUDirect Storage works here")
+    with pytest.raises(RuntimeError, match="GPUDirect Storage"):
+        deepnvme.gds_handle()
+
+
+def test_without_torch_and_loaded_only_when_used(tmp_path):
+    code = f"""
+import sys
+sys.modules["torch"] = None   # any `import torch` now fails
+import numpy as np
+import deepnvme
+# The .pth hook imports deepnvme at startup: that alone loads no core.
+assert "deepnvme._native" not in sys.modules and "deepnvme.frontend" not in sys.modules
+h = deepnvme.aio_handle(1 << 20, 32, False, True, 1)
+assert "deepnvme.frontend" in sys.modules
+a = np.arange(1 << 16, dtype=np.float32)
+path = {str(tmp_path / 'nt.bin')!r}
+assert h.sync_pwrite(a, path) == 1
+b = np.empty_like(a)
+assert h.sync_pread(b, path) == 1 and np.array_equal(a, b)
+assert deepnvme.aio_handle is deepnvme.frontend.aio_handle
+assert "torch" not in [m for m, v in sys.modules.items() if v is not None]
+print("TOP-LEVEL-NO-TORCH-OK")
+"""
+    proc = run_python(code, env={"DEEPNVME_FRONTEND": ""})
+    assert proc.returncode == 0 and "TOP-LEVEL-NO-TORCH-OK" in proc.stdout, proc.stdout + proc.stderr
