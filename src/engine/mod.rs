@@ -12,8 +12,10 @@
 //!   old kernels, `kernel.io_uring_disabled`).
 //!
 //! The choice is made once per process ([`default_kind`]) and logged once;
-//! `DEEPNVME_ENGINE=uring|psync` forces it.
+//! `DEEPNVME_ENGINE=uring|psync` forces it. Files on tmpfs and ramfs run on
+//! psync unless an engine was chosen explicitly ([`choice`]).
 
+pub mod choice;
 pub(crate) mod fixed;
 #[cfg(test)]
 pub(crate) mod fault;
@@ -242,6 +244,10 @@ pub trait Engine: Send {
     /// failed); the owner replaces it.
     fn is_broken(&self) -> bool {
         false
+    }
+    /// The engine for files on `fs`, when not this one (see [`choice`]).
+    fn for_file_system(&mut self, _fs: choice::PuntingFs) -> Option<&mut dyn Engine> {
+        None
     }
 }
 
