@@ -151,8 +151,8 @@ pub const VARIABLES: &[EnvVar] = &[
     EnvVar {
         name: ENGINE_ENV,
         scope: Scope::Core,
-        default: "io_uring where the kernel allows it, else psync",
-        meaning: "`uring` or `psync`: the transfer engine for every handle (chosen once, said once on stderr)",
+        default: "io_uring where the kernel allows it (psync for files on tmpfs and ramfs), else psync",
+        meaning: "`uring` or `psync`: the transfer engine for every handle and every file (chosen once, said once on stderr)",
     },
     EnvVar {
         name: LOG_ENV,

@@ -106,6 +106,7 @@ pub mod python;
 
 pub use buffer::{BufferDesc, IoBuffer, Location, Staging};
 pub use config::HandleConfig;
+pub use engine::choice::{engine_for_file, punting_fs, PuntingFs, FILE_ENGINE_RULE};
 pub use engine::{default_kind as default_engine, io_uring_status, EngineKind};
 pub use error::{errno_text, Direction, Error, Result, TransferError};
 pub use file::{dio_alignment, DioAlignment, FileTarget};

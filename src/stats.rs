@@ -38,6 +38,8 @@ pub(crate) struct Counters {
     bounced_bytes: AtomicU64,
     io_nanos: AtomicU64,
     wait_nanos: AtomicU64,
+    uring_runs: AtomicU64,
+    psync_runs: AtomicU64,
     latency: [AtomicU64; BUCKETS],
 }
 
@@ -63,6 +65,11 @@ pub struct Stats {
     pub p50: Option<Duration>,
     /// 99th-percentile op latency (upper bound of its bucket).
     pub p99: Option<Duration>,
+    /// Engine runs (one list of segments moved by one engine call, or one
+    /// op slice of a ring's stream) made by io_uring and by psync: which
+    /// engine moved the bytes (see `engine::choice`).
+    pub io_uring_runs: u64,
+    pub psync_runs: u64,
 }
 
 impl Counters {
@@ -77,6 +84,8 @@ impl Counters {
             bounced_bytes: ZERO,
             io_nanos: ZERO,
             wait_nanos: ZERO,
+            uring_runs: ZERO,
+            psync_runs: ZERO,
             latency: [ZERO; BUCKETS],
         }
     }
@@ -104,6 +113,15 @@ impl Counters {
         self.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
+    /// `runs` engine runs made by `kind`.
+    pub(crate) fn record_runs(&self, kind: crate::engine::EngineKind, runs: u64) {
+        let counter = match kind {
+            crate::engine::EngineKind::Uring => &self.uring_runs,
+            crate::engine::EngineKind::Psync => &self.psync_runs,
+        };
+        counter.fetch_add(runs, Ordering::Relaxed);
+    }
+
     fn record_latency(&self, latency: Duration) {
         let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
         self.io_nanos.fetch_add(nanos, Ordering::Relaxed);
@@ -122,6 +140,8 @@ impl Counters {
             wait_time: Duration::from_nanos(self.wait_nanos.load(Ordering::Relaxed)),
             p50: quantile(&hist, 0.50),
             p99: quantile(&hist, 0.99),
+            io_uring_runs: self.uring_runs.load(Ordering::Relaxed),
+            psync_runs: self.psync_runs.load(Ordering::Relaxed),
         }
     }
 }
@@ -189,7 +209,7 @@ impl std::fmt::Display for Stats {
         write!(
             f,
             "{} ops ({} failed), read {:.3} GB, wrote {:.3} GB, bounced {:.3} GB, I/O time {:.3} s, \
-             waited {:.3} s, p50 < {}, p99 < {}",
+             waited {:.3} s, p50 < {}, p99 < {}, engine runs io_uring {} / psync {}",
             self.ops,
             self.failed_ops,
             gb(self.bytes_read),
@@ -198,7 +218,9 @@ impl std::fmt::Display for Stats {
             self.io_time.as_secs_f64(),
             self.wait_time.as_secs_f64(),
             us(self.p50),
-            us(self.p99)
+            us(self.p99),
+            self.io_uring_runs,
+            self.psync_runs
         )
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::error::{Direction, TransferError};
 use crate::knobs::{self, EngineChoice};
 
+use super::filesystem::PuntingFs;
 use super::fixed::RegistrableMemory;
 use super::piece::Segment;
 
@@ -88,6 +89,10 @@ pub trait Engine: Send {
     /// failed); the owner replaces it.
     fn is_broken(&self) -> bool {
         false
+    }
+    /// The engine for files on `fs`, when not this one (see `choice.rs`).
+    fn for_file_system(&mut self, _fs: PuntingFs) -> Option<&mut dyn Engine> {
+        None
     }
 }
 

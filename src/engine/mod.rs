@@ -12,12 +12,15 @@
 //!   old kernels, `kernel.io_uring_disabled`).
 //!
 //! The choice is made once per process ([`default_kind`]) and logged once;
-//! `DEEPNVME_ENGINE=uring|psync` forces it.
+//! `DEEPNVME_ENGINE=uring|psync` forces it. Files on tmpfs and ramfs run on
+//! psync unless an engine was chosen explicitly ([`choice`]).
 
+pub mod choice;
+mod contract;
 pub(crate) mod fixed;
+mod filesystem;
 #[cfg(test)]
 pub(crate) mod fault;
-mod contract;
 mod piece;
 pub mod psync;
 pub mod uring;

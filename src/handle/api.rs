@@ -15,6 +15,7 @@ use super::owned::*;
 use super::workers::*;
 use crate::buffer::{BufferDesc, IoBuffer, Location};
 use crate::config::HandleConfig;
+use crate::engine::choice::{self, EngineRoute, Routed};
 use crate::engine::fixed::RetireListener;
 use crate::engine::psync::PsyncEngine;
 use crate::engine::{self, Engine, EngineKind, Submitter};
@@ -61,11 +62,13 @@ pub struct IoHandle {
     /// Engine of the calling thread's ops of one request per slice: a
     /// pread/pwrite each (see [`IoHandle::run_on_inline_engine`]). Depth 1:
     /// it never starts a thread.
-    pub(super) one_request_engine: Mutex<PsyncEngine>,
+    pub(super) one_request_engine: Mutex<Routed>,
+    /// How this handle's engines are made (the engine per file, counters).
+    pub(super) route: EngineRoute,
     pub(super) manager: &'static PinnedMemoryManager,
     pub(super) device_route: DeviceRoute,
     /// What this handle did (the process-wide counters get the same records).
-    pub(super) counters: Counters,
+    pub(super) counters: Arc<Counters>,
     pub(super) stream_tally: Arc<StreamTally>,
     /// The process that created the handle. A child made by fork() inherits
     /// the handle but not its worker threads (and shares its rings with the
@@ -142,6 +145,11 @@ impl IoHandle {
         config.validate()?;
         stats::report_at_exit_if_asked();
         let engine_kind = resolve_engine(&config)?;
+        let counters = Arc::new(Counters::new());
+        let route = EngineRoute {
+            follows_files: choice::follows_files(config.engine, engine_kind),
+            counters: Some(counters.clone()),
+        };
         let mut workers = Vec::with_capacity(config.intra_op_parallelism);
         let stream_tally = Arc::new(StreamTally::default());
         let (ready_tx, ready_rx) = mpsc::channel::<()>();
@@ -150,9 +158,10 @@ impl IoHandle {
             let qd = config.queue_depth;
             let tally = stream_tally.clone();
             let ready = ready_tx.clone();
+            let worker_route = route.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("deepnvme-io-{index}"))
-                .spawn(move || worker_loop(engine_kind, qd, rx, tally, ready))
+                .spawn(move || worker_loop(engine_kind, worker_route, qd, rx, tally, ready))
                 .map_err(|e| Error::Engine(format!("spawning I/O worker {index}: {e}")))?;
             let tx = Arc::new(tx);
             if engine_kind == EngineKind::Uring {
@@ -181,7 +190,8 @@ impl IoHandle {
         // Made now, like the workers' rings, so that a handle holds the same
         // descriptors from `new` to drop (not one more after its first
         // blocking op of more than one block).
-        let inline_engine = worker_engine(engine_kind, config.queue_depth, Submitter::AnyThread);
+        let inline_engine = worker_engine(engine_kind, config.queue_depth, Submitter::AnyThread, &route);
+        let one_request_engine = Routed::new(Box::new(PsyncEngine::new(1)), 1, &EngineRoute { follows_files: false, ..route.clone() });
         Ok(IoHandle {
             config,
             engine_kind,
@@ -189,10 +199,11 @@ impl IoHandle {
             pending: Mutex::new(VecDeque::new()),
             serial: Mutex::new(()),
             inline_engine: Mutex::new(Some(inline_engine)),
-            one_request_engine: Mutex::new(PsyncEngine::new(1)),
+            one_request_engine: Mutex::new(one_request_engine),
+            route,
             manager: PinnedMemoryManager::shared(),
             device_route,
-            counters: Counters::new(),
+            counters,
             stream_tally,
             creator_pid: std::process::id(),
         })

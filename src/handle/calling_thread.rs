@@ -73,7 +73,7 @@ impl IoHandle {
     fn with_inline_engine<T>(&self, f: impl FnOnce(&mut dyn Engine) -> T) -> T {
         let mut slot = self.inline_engine.lock();
         let engine = slot.get_or_insert_with(|| {
-            worker_engine(self.engine_kind, self.config.queue_depth, Submitter::AnyThread)
+            worker_engine(self.engine_kind, self.config.queue_depth, Submitter::AnyThread, &self.route)
         });
         let out = f(engine.as_mut());
         if engine.is_broken() {
@@ -101,6 +101,7 @@ impl IoHandle {
     pub fn transfer_once(config: &HandleConfig, request: OpRequest<'_>) -> Result<()> {
         config.validate()?;
         let kind = resolve_engine(config)?;
+        let follows_files = crate::engine::choice::follows_files(config.engine, kind);
         let started = Instant::now();
         let manager = PinnedMemoryManager::shared();
         let (meta, result) =
@@ -108,14 +109,14 @@ impl IoHandle {
                 Prepared::Op(mut op) => {
                     let meta = op.meta();
                     let plan = op.plan().clone();
-                    let outcome = with_thread_engine(kind, config.queue_depth, |engine| {
+                    let outcome = with_thread_engine(kind, follows_files, config.queue_depth, |engine| {
                         run_guarded(plan.as_ref(), engine)
                     });
                     (meta, op.finish(outcome))
                 }
                 Prepared::Windowed(op) => {
                     let meta = windowed_meta(&op);
-                    let outcome = with_thread_engine(kind, config.queue_depth, |engine| {
+                    let outcome = with_thread_engine(kind, follows_files, config.queue_depth, |engine| {
                         run_windowed_inline(op, engine)
                     });
                     (meta, outcome)
@@ -179,11 +180,11 @@ pub(super) fn run_guarded(work: &dyn OpWork, engine: &mut dyn Engine) -> Result<
     Ok(())
 }
 
-/// The calling thread's engine for one-shot transfers: (process, kind, queue
-/// depth, engine). A different kind or depth replaces it; so does a fork
+/// The calling thread's engine for one-shot transfers: (process, kind and
+/// whether it follows files, queue depth, engine). A different kind or depth replaces it; so does a fork
 /// (the child's thread would share the parent's ring: it is leaked, never
 /// used, never torn down in the child).
-pub(super) type ThreadEngine = Option<(u32, EngineKind, usize, Box<dyn Engine>)>;
+pub(super) type ThreadEngine = Option<(u32, (EngineKind, bool), usize, Box<dyn Engine>)>;
 
 thread_local! {
     static THREAD_ENGINE: std::cell::RefCell<ThreadEngine> = const { std::cell::RefCell::new(None) };
@@ -191,20 +192,24 @@ thread_local! {
 
 pub(super) fn with_thread_engine<T>(
     kind: EngineKind,
+    follows_files: bool,
     queue_depth: usize,
     f: impl FnOnce(&mut dyn Engine) -> T,
 ) -> T {
     let pid = std::process::id();
     THREAD_ENGINE.with(|cell| {
         let mut slot = cell.borrow_mut();
-        let reusable = matches!(&*slot, Some((p, k, q, e)) if *p == pid && *k == kind && *q == queue_depth && !e.is_broken());
+        let kind_key = (kind, follows_files);
+        let reusable = matches!(&*slot, Some((p, k, q, e)) if *p == pid && *k == kind_key && *q == queue_depth && !e.is_broken());
         if !reusable {
             if let Some((p, _, _, engine)) = slot.take() {
                 if p != pid {
                     std::mem::forget(engine);
                 }
             }
-            *slot = Some((pid, kind, queue_depth, worker_engine(kind, queue_depth, Submitter::AnyThread)));
+            let route = crate::engine::choice::EngineRoute { follows_files, counters: None };
+            let engine = worker_engine(kind, queue_depth, Submitter::AnyThread, &route);
+            *slot = Some((pid, kind_key, queue_depth, engine));
         }
         let (_, _, _, engine) = slot.as_mut().expect("thread engine");
         f(engine.as_mut())

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::latch::*;
+use crate::engine::choice::{EngineRoute, Routed};
 use crate::engine::fixed::RetireListener;
 use crate::engine::{self, Engine, EngineKind, Submitter};
 use crate::error::{panic_text, Result};
@@ -100,13 +101,14 @@ pub(super) struct Worker {
 
 /// Creates the engine a worker uses; when io_uring cannot be set up for this
 /// worker (e.g. a ring hits RLIMIT_MEMLOCK on an old kernel), falls back to
-/// psync and says so once.
+/// psync and says so once. `route`: the engine per file, and the counters.
 pub(super) fn worker_engine(
     kind: EngineKind,
     queue_depth: usize,
     submitter: Submitter,
+    route: &EngineRoute,
 ) -> Box<dyn Engine> {
-    match engine::create_for(kind, queue_depth, submitter) {
+    let engine = match engine::create_for(kind, queue_depth, submitter) {
         Ok(e) => e,
         Err(err) => {
             crate::log::info_once(
@@ -115,7 +117,8 @@ pub(super) fn worker_engine(
             );
             Box::new(engine::psync::PsyncEngine::new(queue_depth))
         }
-    }
+    };
+    Box::new(Routed::new(engine, queue_depth, route))
 }
 
 /// How a handle's workers streamed ops (the tests read it).
@@ -130,6 +133,7 @@ pub(crate) struct StreamTally {
 
 pub(super) fn worker_loop(
     kind: EngineKind,
+    route: EngineRoute,
     queue_depth: usize,
     jobs: mpsc::Receiver<WorkerMsg>,
     tally: Arc<StreamTally>,
@@ -137,7 +141,7 @@ pub(super) fn worker_loop(
 ) {
     // The worker's engine is made on, and only ever used by, this thread;
     // the handle's constructor waits for it (see `IoHandle::build`).
-    let mut engine = worker_engine(kind, queue_depth, Submitter::OneThread);
+    let mut engine = worker_engine(kind, queue_depth, Submitter::OneThread, &route);
     let _ = ready.send(());
     drop(ready);
     let stream = knobs::settings().op_stream;
@@ -191,7 +195,7 @@ pub(super) fn worker_loop(
         // A ring that failed (or a run that panicked midway) is not trusted
         // with the next op: start a fresh engine.
         if !clean || engine.is_broken() {
-            engine = worker_engine(kind, queue_depth, Submitter::OneThread);
+            engine = worker_engine(kind, queue_depth, Submitter::OneThread, &route);
         }
     }
 }

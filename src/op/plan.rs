@@ -19,7 +19,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::engine::fixed::RegistrableMemory;
-use crate::engine::{Engine, AioParams, Segment, StreamRun};
+use crate::engine::choice::{punting_fs, PuntingFs};
+use crate::engine::{AioParams, Engine, Segment, StreamRun};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{DioAlignment, FileIdentity, OpenFile};
 use crate::op::work::{Footprint, OpWork};
@@ -61,6 +62,8 @@ pub(crate) struct OpPlan {
     pub registrable: Option<Arc<RegistrableMemory>>,
     /// The file's device and inode (known when it has a direct descriptor).
     pub file_identity: Option<FileIdentity>,
+    /// The file is on a file system io_uring punts for (see `engine::choice`).
+    pub punting_fs: Option<PuntingFs>,
 }
 
 impl OpPlan {
@@ -77,8 +80,19 @@ impl OpPlan {
         e
     }
 
-    /// Moves slice `index` with `engine`.
+    /// Moves slice `index` with `engine`, or with the engine it keeps for
+    /// the file's file system.
     pub fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> std::result::Result<(), TransferError> {
+        if let Some(fs) = self.punting_fs {
+            if let Some(for_fs) = engine.for_file_system(fs) {
+                crate::engine::choice::note_routed(fs, self.path.as_deref());
+                return self.run_slice_on(index, for_fs);
+            }
+        }
+        self.run_slice_on(index, engine)
+    }
+
+    fn run_slice_on(&self, index: usize, engine: &mut dyn Engine) -> std::result::Result<(), TransferError> {
         let Some(slice) = self.slices.get(index) else { return Ok(()) };
         let attach = |e: TransferError| self.name_target(e);
         let memory = self.registrable.as_ref();
@@ -103,6 +117,10 @@ impl OpWork for OpPlan {
         // Only what one engine run moves, in DeepSpeed's overlap mode; the
         // rest keeps `run_slice`.
         let slice = self.slices.get(index)?;
+        // (Files io_uring punts for run slice by slice, on their own engine.)
+        if self.punting_fs.is_some() {
+            return None;
+        }
         let knobs = self.direct_knobs;
         let streams = slice.buffered.is_empty()
             && !slice.direct.is_empty()
@@ -279,6 +297,7 @@ pub(crate) fn plan_op(
         direct_knobs,
         registrable,
         file_identity: file.identity(),
+        punting_fs: punting_fs(file.any_fd()),
     }))
 }
 

@@ -72,7 +72,8 @@ fn gds_environment(py: Python<'_>) -> PyResult<String> {
 
 /// The process's I/O statistics (every handle, every front end): a dict of
 /// ops, failed_ops, bytes_read, bytes_written, bounced_bytes, io_time_s,
-/// wait_time_s, p50_us and p99_us (None before the first op).
+/// wait_time_s, p50_us and p99_us (None before the first op), io_uring_runs and
+/// psync_runs (which engine moved the bytes).
 #[pyfunction]
 fn stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     let s = crate::stats::process();
@@ -86,6 +87,8 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     d.set_item("wait_time_s", s.wait_time.as_secs_f64())?;
     d.set_item("p50_us", s.p50.map(|v| v.as_micros() as u64))?;
     d.set_item("p99_us", s.p99.map(|v| v.as_micros() as u64))?;
+    d.set_item("io_uring_runs", s.io_uring_runs)?;
+    d.set_item("psync_runs", s.psync_runs)?;
     Ok(d)
 }
 

@@ -21,6 +21,15 @@ pub fn default_engine() -> Result<EngineKind, Error> {
     deepnvme::default_engine()
 }
 
+/// The engine a default handle moves bytes of the file open on `fd` with,
+/// and the file system that decided it when that is not the handle's engine.
+pub fn engine_for_file(fd: i32) -> Result<(EngineKind, Option<&'static str>), Error> {
+    deepnvme::engine_for_file(None, fd).map(|(k, fs)| (k, fs.map(|f| f.name())))
+}
+
+/// The engine-per-file rule, in one line.
+pub const FILE_ENGINE_RULE: &str = deepnvme::FILE_ENGINE_RULE;
+
 /// True when `e` says the memory could not be locked (RLIMIT_MEMLOCK).
 pub fn is_lock_error(e: &Error) -> bool {
     matches!(e, Error::Lock { .. })

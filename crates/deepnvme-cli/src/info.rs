@@ -17,7 +17,8 @@ pub const ABOUT: &str = "Engine in use, O_DIRECT alignment of a directory, RLIMI
 
 pub const LONG_ABOUT: &str = "\
 Shows the transfer engine this process would use (io_uring or psync, and
-why), the O_DIRECT alignment of the file system holding DIR (probed with a
+why), the engine files in DIR get (files on tmpfs and ramfs use psync
+unless an engine is chosen explicitly), the O_DIRECT alignment of the file system holding DIR (probed with a
 small temp file that is removed at once), RLIMIT_MEMLOCK, the page size and
 the CPU count.";
 
@@ -44,7 +45,13 @@ struct InfoReport {
     io_uring_available: bool,
     io_uring_error: Option<String>,
     deepnvme_engine_env: Option<String>,
+    /// The engine per file, in one line.
+    file_engine_rule: &'static str,
     dir: String,
+    /// The engine a default handle uses for files in `dir`, and the file
+    /// system that decided it when it is not the handle's engine.
+    dir_engine: Option<String>,
+    dir_engine_file_system: Option<&'static str>,
     o_direct: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     dio_offset_align: Option<usize>,
@@ -90,6 +97,13 @@ pub(crate) fn probe_dio(dir: &Path) -> Dio {
     };
     let _ = std::fs::remove_file(&path);
     result
+}
+
+/// The engine a default handle uses for files in `dir` (with the file
+/// system that decided it), probed on the directory itself.
+fn dir_engine(dir: &Path) -> Option<(String, Option<&'static str>)> {
+    let d = std::fs::File::open(dir).ok()?;
+    core_api::engine_for_file(d.as_raw_fd()).ok().map(|(k, fs)| (k.name().to_string(), fs))
 }
 
 /// Whether the kernel answers STATX_DIOALIGN for `fd` (else the core
@@ -139,6 +153,7 @@ pub fn main(args: InfoArgs) -> Result<(), CliError> {
     let engine = core_api::default_engine();
     let env = std::env::var("DEEPNVME_ENGINE").ok().filter(|v| !v.trim().is_empty());
     let dio = probe_dio(&dir);
+    let for_dir = dir_engine(&dir);
     let (soft, hard) = core_api::memlock_limit();
     let cap = has_cap_ipc_lock();
     let page = core_api::page_size();
@@ -154,7 +169,10 @@ pub fn main(args: InfoArgs) -> Result<(), CliError> {
             io_uring_available: uring.is_ok(),
             io_uring_error: uring.as_ref().err().cloned(),
             deepnvme_engine_env: env.clone(),
+            file_engine_rule: core_api::FILE_ENGINE_RULE,
             dir: dir_shown.display().to_string(),
+            dir_engine: for_dir.as_ref().map(|(k, _)| k.clone()),
+            dir_engine_file_system: for_dir.as_ref().and_then(|(_, fs)| *fs),
             o_direct: None,
             dio_offset_align: None,
             dio_memory_align: None,
@@ -189,7 +207,13 @@ pub fn main(args: InfoArgs) -> Result<(), CliError> {
         Err(why) => println!("io_uring:        unavailable: {why}"),
     }
     println!("DEEPNVME_ENGINE: {}", env.as_deref().unwrap_or("(unset)"));
+    println!("per file:        {}", core_api::FILE_ENGINE_RULE);
     println!("directory:       {}", dir_shown.display());
+    match &for_dir {
+        Some((k, Some(fs))) => println!("  engine:        {k} (the directory is on {fs})"),
+        Some((k, None)) => println!("  engine:        {k}"),
+        None => println!("  engine:        unknown"),
+    }
     match dio {
         Dio::Aligned { offset, memory, reported } => println!(
             "  O_DIRECT:      yes; file offsets/lengths in multiples of {offset} B, memory of {memory} B ({})",

@@ -100,6 +100,21 @@ fn info_json_has_the_expected_keys() {
     assert!(j["page_size"].as_u64().is_some_and(|p| p >= 4096 && p.is_power_of_two()));
     assert!(j["cpus"].as_u64().is_some_and(|n| n >= 1));
     assert!(dir.entries().is_empty(), "the O_DIRECT probe file was left: {:?}", dir.entries());
+    // The engine per file: the disk keeps the handle's engine; tmpfs gets
+    // psync when that engine is io_uring (DEEPNVME_ENGINE is unset here).
+    assert!(j["file_engine_rule"].as_str().is_some_and(|r| r.contains("tmpfs")), "{j}");
+    assert_eq!(j["dir_engine"], j["engine"], "{j}");
+    assert!(j["dir_engine_file_system"].is_null(), "{j}");
+    let shm = Path::new("/dev/shm");
+    let on_tmpfs = std::process::Command::new("stat").args(["-f", "-c", "%T", "/dev/shm"]).output();
+    if on_tmpfs.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "tmpfs") {
+        let j = json_of(&dir.0, &["info", "--json", "--dir", shm.to_str().unwrap()]);
+        let want = if engine == "io_uring" { ("psync", "tmpfs") } else { (engine, "") };
+        assert_eq!(j["dir_engine"], want.0, "{j}");
+        if engine == "io_uring" {
+            assert_eq!(j["dir_engine_file_system"], want.1, "{j}");
+        }
+    }
 
     let o = run_in(&dir.0, &["info", "--dir", "no-such-dir"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
