@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::args::{fmt_size, fmt_size_short, parse_bool, parse_count, parse_positive_size, CliError, Common, KNOBS, MOVE};
 use crate::core_api::Direction;
 use crate::progress::{Progress, ProgressMode};
-use crate::runner::{self, BenchFile, IoBuffer, Knobs, Summary, GB};
+use crate::runner::{self, BenchFile, BenchBuffer, AioConfig, Summary, GB};
 
 pub const DEFAULT_SIZE: u64 = 1 << 30;
 pub const DEFAULT_BUFFER: usize = 256 << 20;
@@ -79,9 +79,9 @@ pub struct BenchArgs {
 
 impl BenchArgs {
     /// The knobs: DeepSpeed's handle defaults, overridden by the flags.
-    fn knobs(&self) -> Knobs {
-        let d = Knobs::deepspeed_handle_defaults();
-        Knobs {
+    fn knobs(&self) -> AioConfig {
+        let d = AioConfig::deepspeed_handle_defaults();
+        AioConfig {
             block_size: self.block_size.unwrap_or(d.block_size),
             queue_depth: self.queue_depth.unwrap_or(d.queue_depth),
             single_submit: !self.no_single_submit && self.single_submit.unwrap_or(d.single_submit),
@@ -123,7 +123,7 @@ pub fn main(args: BenchArgs) -> Result<(), CliError> {
         file.check_space(size)?;
     }
 
-    let buffer = IoBuffer::new(op_bytes)?;
+    let mut buffer = BenchBuffer::new(op_bytes)?;
     if let Some(why) = buffer.lock_error() {
         crate::progress::info(&format!(
             "could not lock the {} buffer ({why}); benchmarking with unlocked page-aligned memory, \
@@ -143,7 +143,7 @@ pub fn main(args: BenchArgs) -> Result<(), CliError> {
     }
     if must_prepare {
         let mut progress = Progress::new(mode, "preparing (write)");
-        runner::run_pass(&handle, &buffer, file.path(), size, Direction::Write, &mut progress)?;
+        runner::run_pass(&handle, &mut buffer, file.path(), size, Direction::Write, &mut progress)?;
         file.warn_if_sparse(size);
     }
 
@@ -153,14 +153,14 @@ pub fn main(args: BenchArgs) -> Result<(), CliError> {
         let tag = if common.loops > 1 { format!(" {}/{}", round + 1, common.loops) } else { String::new() };
         if common.do_write() {
             let mut progress = Progress::new(mode, format!("write{tag}"));
-            writes.passes.push(runner::run_pass(&handle, &buffer, file.path(), size, Direction::Write, &mut progress)?);
+            writes.passes.push(runner::run_pass(&handle, &mut buffer, file.path(), size, Direction::Write, &mut progress)?);
             if round == 0 {
                 file.warn_if_sparse(size);
             }
         }
         if common.do_read() {
             let mut progress = Progress::new(mode, format!("read{tag}"));
-            reads.passes.push(runner::run_pass(&handle, &buffer, file.path(), size, Direction::Read, &mut progress)?);
+            reads.passes.push(runner::run_pass(&handle, &mut buffer, file.path(), size, Direction::Read, &mut progress)?);
         }
     }
     drop(handle);
@@ -177,7 +177,7 @@ pub fn main(args: BenchArgs) -> Result<(), CliError> {
             buffer_locked: buffer.locked(),
             loops: common.loops,
             gb_bytes: GB as u64,
-            knobs: KnobsJson::from(&knobs),
+            knobs: AioConfigJson::from(&knobs),
             write: summary_json(&writes),
             read: summary_json(&reads),
         })?;
@@ -190,7 +190,7 @@ pub fn main(args: BenchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-pub fn knobs_line(k: &Knobs) -> String {
+pub fn knobs_line(k: &AioConfig) -> String {
     format!(
         "block_size {}, queue_depth {}, single_submit {}, overlap_events {}, intra_op_parallelism {}",
         fmt_size_short(k.block_size as u64),
@@ -201,7 +201,7 @@ pub fn knobs_line(k: &Knobs) -> String {
     )
 }
 
-fn print_header(k: &Knobs, engine: &str, file: &BenchFile, size: u64, buffer: &IoBuffer) {
+fn print_header(k: &AioConfig, engine: &str, file: &BenchFile, size: u64, buffer: &BenchBuffer) {
     let fate = if file.removed_after() { "removed afterwards" } else { "kept" };
     println!("deepnvme bench: {} per pass, file {} ({fate})", fmt_size(size), file.path().display());
     println!("handle: engine {engine}, {}", knobs_line(k));
@@ -244,7 +244,7 @@ struct BenchReport<'a> {
     buffer_locked: bool,
     loops: usize,
     gb_bytes: u64,
-    knobs: KnobsJson,
+    knobs: AioConfigJson,
     #[serde(skip_serializing_if = "Option::is_none")]
     write: Option<SummaryJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -253,7 +253,7 @@ struct BenchReport<'a> {
 
 /// The knobs of a measurement, as `bench --json` and `tune --json` name them.
 #[derive(Serialize)]
-pub struct KnobsJson {
+pub struct AioConfigJson {
     block_size: usize,
     queue_depth: usize,
     single_submit: bool,
@@ -261,9 +261,9 @@ pub struct KnobsJson {
     intra_op_parallelism: usize,
 }
 
-impl From<&Knobs> for KnobsJson {
-    fn from(k: &Knobs) -> KnobsJson {
-        KnobsJson {
+impl From<&AioConfig> for AioConfigJson {
+    fn from(k: &AioConfig) -> AioConfigJson {
+        AioConfigJson {
             block_size: k.block_size,
             queue_depth: k.queue_depth,
             single_submit: k.single_submit,

@@ -5,9 +5,9 @@
 pub use deepnvme::gds::{GdsError, GdsLibrary, CUFILE_ENV_PATH_JSON, CUFILE_LIB_ENV};
 pub use deepnvme::knobs::ENGINE_ENV;
 pub use deepnvme::{dio_alignment, errno_text};
-pub use deepnvme::pinned::{memlock_limit, page_size, LockMode, PageAlignedBuffer};
+pub use deepnvme::pinned::{memlock_limit, page_size, LockMode, LockedBuffer, PageAlignedBuffer};
 pub use deepnvme::{
-    BufferDesc, Direction, EngineKind, Error, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager,
+    Direction, EngineKind, Error, FileTarget, HandleConfig, IoHandle,
 };
 
 /// Whether io_uring works in this process, and why not when it does not.
@@ -33,19 +33,6 @@ pub const FILE_ENGINE_RULE: &str = deepnvme::FILE_ENGINE_RULE;
 /// True when `e` says the memory could not be locked (RLIMIT_MEMLOCK).
 pub fn is_lock_error(e: &Error) -> bool {
     matches!(e, Error::Lock { .. })
-}
-
-/// The op descriptor of `len` contiguous host bytes at `ptr`. `pinned`
-/// vouches that the memory may be used for direct I/O as it is (memory of
-/// the pinned manager is recognised by address without it).
-///
-/// # Safety
-/// `ptr..ptr + len` must be valid for reads and writes, and stay so (and not
-/// be touched by anything else) until the op that uses the descriptor has
-/// been waited for.
-pub unsafe fn host_buffer(ptr: *mut u8, len: usize, pinned: bool) -> BufferDesc {
-    // SAFETY: the caller upholds BufferDesc::from_raw_parts' contract (see above).
-    unsafe { BufferDesc::from_raw_parts(ptr, len) }.pinned(pinned)
 }
 
 /// What GPUDirect Storage would use here (libraries, versions, devices), or

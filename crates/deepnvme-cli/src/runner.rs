@@ -12,15 +12,11 @@
 //! would only save the thread hand-off (tens of microseconds per op).
 
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::args::{fmt_size, CliError};
-use crate::core_api::{
-    self, BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, LockMode, OpRequest, PageAlignedBuffer,
-    PinnedMemoryManager,
-};
+use crate::core_api::{self, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, LockMode, LockedBuffer, PageAlignedBuffer};
 use crate::progress::Progress;
 
 /// GB as the tool reports it: 10^9 bytes (as fio's "GB/s" and disk vendors).
@@ -28,7 +24,7 @@ pub const GB: f64 = 1e9;
 
 /// The handle knobs of one measurement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Knobs {
+pub struct AioConfig {
     pub block_size: usize,
     pub queue_depth: usize,
     pub single_submit: bool,
@@ -36,12 +32,12 @@ pub struct Knobs {
     pub parallelism: usize,
 }
 
-impl Knobs {
+impl AioConfig {
     /// DeepSpeed's `aio_handle()` defaults: 1 MiB blocks, queue depth 128,
     /// no single submit, no overlap, one worker.
-    pub fn deepspeed_handle_defaults() -> Knobs {
+    pub fn deepspeed_handle_defaults() -> AioConfig {
         let d = HandleConfig::default();
-        Knobs {
+        AioConfig {
             block_size: d.block_size,
             queue_depth: d.queue_depth,
             single_submit: d.single_submit,
@@ -228,7 +224,8 @@ fn free_bytes(path: &Path) -> Option<u64> {
 
 /// Page-aligned I/O memory, filled with a non-repeating pattern.
 ///
-/// It is allocated locked through [`PinnedMemoryManager::shared`], as
+/// It is allocated locked ([`LockedBuffer`], from the process-wide pinned
+/// manager), as
 /// DeepSpeed's `new_cpu_locked_tensor` does, so the handle recognises it and
 /// moves bytes straight to/from it. When RLIMIT_MEMLOCK forbids locking that
 /// much (8 MiB is a common default for non-root users), the buffer falls back
@@ -236,27 +233,26 @@ fn free_bytes(path: &Path) -> Option<u64> {
 /// I/O: O_DIRECT does not need mlock (the kernel pins the pages of each
 /// request itself), and the memory is touched up front so no page fault is
 /// timed. The result says which one was used.
-pub struct IoBuffer {
-    ptr: NonNull<u8>,
-    len: usize,
-    unlocked: Option<PageAlignedBuffer>,
+pub struct BenchBuffer {
+    memory: BenchMemory,
     lock_error: Option<String>,
 }
 
-impl IoBuffer {
-    pub fn new(len: usize) -> Result<IoBuffer, CliError> {
-        let manager = PinnedMemoryManager::shared();
-        let mut buf = match manager.alloc(len) {
-            Ok(ptr) => IoBuffer { ptr, len, unlocked: None, lock_error: None },
+enum BenchMemory {
+    Locked(LockedBuffer),
+    Unlocked(PageAlignedBuffer),
+}
+
+impl BenchBuffer {
+    pub fn new(len: usize) -> Result<BenchBuffer, CliError> {
+        let failed = |e: core_api::Error| CliError::Failed(format!("allocating the {} I/O buffer: {e}", fmt_size(len as u64)));
+        let mut buf = match LockedBuffer::new(len) {
+            Ok(b) => BenchBuffer { memory: BenchMemory::Locked(b), lock_error: None },
             Err(e) if core_api::is_lock_error(&e) => {
-                let fallback = PageAlignedBuffer::new(len, LockMode::None)
-                    .map_err(|e| CliError::Failed(format!("allocating the {} I/O buffer: {e}", fmt_size(len as u64))))?;
-                let ptr = NonNull::new(fallback.as_ptr()).expect("mmap never returns null");
-                IoBuffer { ptr, len, unlocked: Some(fallback), lock_error: Some(e.to_string()) }
+                let fallback = PageAlignedBuffer::new(len, LockMode::None).map_err(failed)?;
+                BenchBuffer { memory: BenchMemory::Unlocked(fallback), lock_error: Some(e.to_string()) }
             }
-            Err(e) => {
-                return Err(CliError::Failed(format!("allocating the {} I/O buffer: {e}", fmt_size(len as u64))))
-            }
+            Err(e) => return Err(failed(e)),
         };
         buf.fill();
         Ok(buf)
@@ -264,10 +260,8 @@ impl IoBuffer {
 
     /// xorshift64 words: incompressible enough, and every page gets touched.
     fn fill(&mut self) {
-        // SAFETY: the mapping is `len` bytes we own, page aligned.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) };
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        for chunk in bytes.chunks_mut(8) {
+        for chunk in self.bytes_mut().chunks_mut(8) {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -275,37 +269,32 @@ impl IoBuffer {
         }
     }
 
+    fn bytes(&self) -> &[u8] {
+        match &self.memory {
+            BenchMemory::Locked(b) => b,
+            BenchMemory::Unlocked(b) => b.as_slice(),
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.memory {
+            BenchMemory::Locked(b) => b,
+            BenchMemory::Unlocked(b) => b.as_mut_slice(),
+        }
+    }
+
     pub fn len(&self) -> usize {
-        self.len
+        self.bytes().len()
     }
 
     /// True when the memory is locked (pinned-manager memory).
     pub fn locked(&self) -> bool {
-        self.unlocked.is_none()
+        matches!(self.memory, BenchMemory::Locked(_))
     }
 
     /// Why locking failed, when it did.
     pub fn lock_error(&self) -> Option<&str> {
         self.lock_error.as_deref()
-    }
-
-    /// The first `len` bytes as the handle sees them.
-    pub fn desc(&self, len: usize) -> BufferDesc {
-        assert!(len <= self.len, "op larger than the I/O buffer");
-        // Manager memory is recognised by address; the unlocked fallback is
-        // vouched for so the I/O still goes direct (see the type doc).
-        // SAFETY: the first `len` bytes of memory this buffer owns until it
-        // drops; `run_pass` waits for every op before it returns, and no
-        // other code touches the buffer meanwhile.
-        unsafe { core_api::host_buffer(self.ptr.as_ptr(), len, self.unlocked.is_some()) }
-    }
-}
-
-impl Drop for IoBuffer {
-    fn drop(&mut self) {
-        if self.unlocked.is_none() {
-            PinnedMemoryManager::shared().free(self.ptr.as_ptr());
-        }
     }
 }
 
@@ -347,7 +336,7 @@ impl Pass {
 /// bytes at increasing offsets (see the module doc), reporting progress.
 pub fn run_pass(
     handle: &IoHandle,
-    buf: &IoBuffer,
+    buf: &mut BenchBuffer,
     path: &Path,
     size: u64,
     direction: Direction,
@@ -362,17 +351,20 @@ pub fn run_pass(
             return Err(CliError::Interrupted);
         }
         let len = op_bytes.min(size - done) as usize;
-        let request = OpRequest {
-            direction,
-            target: FileTarget::Path(path),
-            file_offset: done as i64,
-            buffer: buf.desc(len),
-            staging: None,
-            validate: false,
-        };
         let fail = |e: core_api::Error| CliError::Failed(format!("{} pass failed: {e}", direction.verb()));
-        handle.submit(request, true).map_err(fail)?;
-        handle.wait().map_err(fail)?;
+        // One async op, waited for, as DeepSpeed's swappers issue them.
+        let target = FileTarget::Path(path);
+        let outcome = match direction {
+            Direction::Read => {
+                let bytes = &mut buf.bytes_mut()[..len];
+                handle.scope(move |s| s.read(bytes, target, done))
+            }
+            Direction::Write => {
+                let bytes = &buf.bytes()[..len];
+                handle.scope(move |s| s.write(bytes, target, done))
+            }
+        };
+        outcome.and_then(|submitted| submitted).map_err(fail)?;
         done += len as u64;
         progress.update(done, size, t0.elapsed().as_secs_f64());
     }
@@ -439,13 +431,13 @@ mod tests {
     /// `bench --help` states these defaults ("[default: 1M]" and so on).
     #[test]
     fn handle_defaults_are_deepspeeds() {
-        let k = Knobs::deepspeed_handle_defaults();
+        let k = AioConfig::deepspeed_handle_defaults();
         assert_eq!(
             k,
-            Knobs { block_size: 1 << 20, queue_depth: 128, single_submit: false, overlap_events: false, parallelism: 1 }
+            AioConfig { block_size: 1 << 20, queue_depth: 128, single_submit: false, overlap_events: false, parallelism: 1 }
         );
         assert!(k.check(None).is_ok());
-        let too_deep = Knobs { queue_depth: 40000, ..k }.check(None).unwrap_err();
+        let too_deep = AioConfig { queue_depth: 40000, ..k }.check(None).unwrap_err();
         assert!(too_deep.starts_with("queue_depth 40000"), "{too_deep}");
     }
 

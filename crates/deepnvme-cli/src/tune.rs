@@ -7,10 +7,10 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::args::{dedup, fmt_size, fmt_size_short, parse_choice, parse_count, parse_positive_size, Choice, CliError, Common};
-use crate::bench::{knobs_line, path_str, print_json, rounded, KnobsJson, SummaryJson};
+use crate::bench::{knobs_line, path_str, print_json, rounded, AioConfigJson, SummaryJson};
 use crate::core_api::Direction;
 use crate::progress::{Progress, ProgressMode};
-use crate::runner::{self, BenchFile, IoBuffer, Knobs, Summary};
+use crate::runner::{self, BenchFile, BenchBuffer, AioConfig, Summary};
 
 pub const DEFAULT_SIZE: u64 = 256 << 20;
 const DEFAULT_BLOCKS: [usize; 4] = [128 << 10, 256 << 10, 1 << 20, 4 << 20];
@@ -112,14 +112,14 @@ impl Grid {
         }
     }
 
-    fn points(&self) -> Vec<Knobs> {
+    fn points(&self) -> Vec<AioConfig> {
         let mut out = Vec::new();
         for &block_size in &self.blocks {
             for &queue_depth in &self.depths {
                 for &parallelism in &self.parallelism {
                     for &single_submit in &self.single_submit {
                         for &overlap_events in &self.overlap_events {
-                            out.push(Knobs { block_size, queue_depth, single_submit, overlap_events, parallelism });
+                            out.push(AioConfig { block_size, queue_depth, single_submit, overlap_events, parallelism });
                         }
                     }
                 }
@@ -131,7 +131,7 @@ impl Grid {
 
 /// One measured point: best pass of each direction.
 struct Point {
-    knobs: Knobs,
+    knobs: AioConfig,
     write: Option<Summary>,
     read: Option<Summary>,
 }
@@ -174,7 +174,7 @@ pub fn main(args: TuneArgs) -> Result<(), CliError> {
         )));
     }
     file.check_space(size)?;
-    let buffer = IoBuffer::new(op_bytes)?;
+    let mut buffer = BenchBuffer::new(op_bytes)?;
     if let Some(why) = buffer.lock_error() {
         crate::progress::info(&format!(
             "could not lock the {} buffer ({why}); tuning with unlocked page-aligned memory",
@@ -185,12 +185,12 @@ pub fn main(args: TuneArgs) -> Result<(), CliError> {
 
     // Write the whole file once, untimed, so that no point pays for block
     // allocation and every read finds data.
-    let defaults = Knobs::deepspeed_handle_defaults();
+    let defaults = AioConfig::deepspeed_handle_defaults();
     let engine = {
         let handle = defaults.open_handle(common.engine)?;
         if file.len() < size {
             let mut progress = Progress::new(mode, "preparing (write)");
-            runner::run_pass(&handle, &buffer, file.path(), size, Direction::Write, &mut progress)?;
+            runner::run_pass(&handle, &mut buffer, file.path(), size, Direction::Write, &mut progress)?;
         }
         file.warn_if_sparse(size);
         handle.engine_kind().name()
@@ -216,12 +216,12 @@ pub fn main(args: TuneArgs) -> Result<(), CliError> {
         for _ in 0..common.loops {
             if common.do_write() {
                 let mut progress = Progress::new(mode, format!("{label} write"));
-                let pass = runner::run_pass(&handle, &buffer, file.path(), size, Direction::Write, &mut progress)?;
+                let pass = runner::run_pass(&handle, &mut buffer, file.path(), size, Direction::Write, &mut progress)?;
                 point.write.get_or_insert_with(|| Summary { passes: Vec::new() }).passes.push(pass);
             }
             if common.do_read() {
                 let mut progress = Progress::new(mode, format!("{label} read"));
-                let pass = runner::run_pass(&handle, &buffer, file.path(), size, Direction::Read, &mut progress)?;
+                let pass = runner::run_pass(&handle, &mut buffer, file.path(), size, Direction::Read, &mut progress)?;
                 point.read.get_or_insert_with(|| Summary { passes: Vec::new() }).passes.push(pass);
             }
         }
@@ -356,7 +356,7 @@ struct TuneReport<'a> {
 
 #[derive(Serialize)]
 struct PointJson {
-    knobs: KnobsJson,
+    knobs: AioConfigJson,
     score: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     write: Option<SummaryJson>,
@@ -367,7 +367,7 @@ struct PointJson {
 impl From<&Point> for PointJson {
     fn from(p: &Point) -> PointJson {
         PointJson {
-            knobs: KnobsJson::from(&p.knobs),
+            knobs: AioConfigJson::from(&p.knobs),
             score: rounded(p.score(), 4),
             write: p.write.as_ref().map(SummaryJson::from),
             read: p.read.as_ref().map(SummaryJson::from),
@@ -393,8 +393,8 @@ struct AioBlock {
     use_gds: bool,
 }
 
-impl From<&Knobs> for AioBlock {
-    fn from(k: &Knobs) -> AioBlock {
+impl From<&AioConfig> for AioBlock {
+    fn from(k: &AioConfig) -> AioBlock {
         AioBlock {
             block_size: k.block_size,
             queue_depth: k.queue_depth,

@@ -15,7 +15,7 @@ use super::Context;
 use crate::args::{fmt_size, fmt_size_approx};
 use crate::core_api::{self, Direction, EngineKind};
 use crate::progress::{Progress, ProgressMode};
-use crate::runner::{self, BenchFile, IoBuffer, Knobs, Pass, GB};
+use crate::runner::{self, BenchFile, BenchBuffer, AioConfig, Pass, GB};
 
 const SECTION: &str = "bench";
 /// Bytes per op: the passes are short, so one op per pass up to this.
@@ -47,15 +47,15 @@ fn line(m: &Measured) -> String {
 }
 
 fn measure(
-    knobs: &Knobs,
+    knobs: &AioConfig,
     engine: EngineKind,
     file: &BenchFile,
-    buffer: &IoBuffer,
+    buffer: &mut BenchBuffer,
     size: u64,
 ) -> Result<Measured, String> {
     let handle = knobs.open_handle(Some(engine)).map_err(|e| e.to_string())?;
     let quiet = || Progress::new(ProgressMode::Off, "");
-    let pass = |d: Direction, p: &mut Progress| {
+    let mut pass = |d: Direction, p: &mut Progress| {
         runner::run_pass(&handle, buffer, file.path(), size, d, p).map_err(|e| e.to_string())
     };
     // A new file is written once untimed, so the timed write overwrites
@@ -124,7 +124,7 @@ fn fio_engine(uring: bool) -> Option<&'static str> {
 
 pub fn check(ctx: &Context) -> Vec<Finding> {
     let aio = ctx.aio();
-    let knobs = Knobs {
+    let knobs = AioConfig {
         block_size: aio.block_size,
         queue_depth: aio.queue_depth,
         single_submit: aio.single_submit,
@@ -154,7 +154,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
         Ok(f) => f,
         Err(e) => return not_run(e.to_string()),
     };
-    let buffer = match IoBuffer::new(size.min(MAX_OP) as usize) {
+    let mut buffer = match BenchBuffer::new(size.min(MAX_OP) as usize) {
         Ok(b) => b,
         Err(e) => return not_run(e.to_string()),
     };
@@ -166,7 +166,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
     let mut out = Vec::new();
     let mut measured = Vec::new();
     for engine in engines {
-        match measure(&knobs, engine, &file, &buffer, size) {
+        match measure(&knobs, engine, &file, &mut buffer, size) {
             Ok(m) => measured.push(m),
             Err(e) => out.push(
                 Finding::fail(SECTION, "deepnvme", format!("{} pass failed", engine.name()))
