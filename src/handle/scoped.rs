@@ -17,6 +17,32 @@ use super::api::{offset_arg, IoHandle};
 /// The ops of one [`IoHandle::scope`] call. `'env` is what the buffers are
 /// borrowed for: longer than the scope, so no buffer can be dropped, moved
 /// or touched before the scope has waited for its op.
+///
+/// ```
+/// # use deepnvme::{FileTarget, HandleConfig, IoHandle};
+/// # let dir = std::env::temp_dir().join(format!("deepnvme-scope-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir).unwrap();
+/// # let path = dir.join("swap.bin");
+/// let handle = IoHandle::new(HandleConfig::default())?;
+/// let data = vec![7u8; 8192];
+/// let mut back = vec![0u8; 8192];
+/// handle.scope(|s| s.write(&data, FileTarget::Path(&path), 0))??;
+/// handle.scope(|s| s.read(&mut back, FileTarget::Path(&path), 0))??;
+/// assert_eq!(back, data);
+/// # std::fs::remove_dir_all(&dir).unwrap();
+/// # Ok::<(), deepnvme::Error>(())
+/// ```
+///
+/// A buffer that does not outlive the scope cannot be lent to it:
+///
+/// ```compile_fail
+/// # use deepnvme::{FileTarget, HandleConfig, IoHandle};
+/// let handle = IoHandle::new(HandleConfig::default()).unwrap();
+/// handle.scope(|s| {
+///     let mut local = vec![0u8; 4096]; // dropped at the closure's end, before the wait
+///     s.read(&mut local, FileTarget::Path("x.bin".as_ref()), 0).unwrap();
+/// }).unwrap();
+/// ```
 pub struct OpScope<'scope, 'env: 'scope> {
     handle: &'scope IoHandle,
     // Invariant in both lifetimes, as std's thread scope is: a scope cannot
