@@ -185,6 +185,27 @@ fn locked_buffers_write_and_read_a_block_device_directly() {
     }
 }
 
+/// The device node lives on devtmpfs, which statfs calls tmpfs: the
+/// engine per file must look at the device, not at the node's file system.
+#[test]
+fn a_block_device_keeps_io_uring_though_its_node_is_on_devtmpfs() {
+    let Some(dev) = LoopDevice::for_test("engine") else { return };
+    if deepnvme::io_uring_status().is_err() || std::env::var_os("DEEPNVME_ENGINE").is_some() {
+        skip("the block device's engine not checked: io_uring unavailable or DEEPNVME_ENGINE set");
+        return;
+    }
+    let h = deepnvme::IoHandle::new(deepnvme::HandleConfig { block_size: 256 << 10, ..Default::default() }).unwrap();
+    let data = Pinned::with(&pattern(41, 1 << 20));
+    ok(h.pwrite(data.desc(), FileTarget::Path(dev.path()), 0, false), "write");
+    assert_on_device(&dev, 0, data.as_slice(), "write through a default handle");
+    let s = h.stats();
+    assert!(s.io_uring_runs > 0 && s.psync_runs == 0, "the device's op ran on io_uring: {s}");
+    let node = File::open(dev.path()).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&node);
+    assert_eq!(deepnvme::punting_fs(fd), None, "a block device is not a tmpfs file");
+    assert_eq!(deepnvme::engine_for_file(None, fd).unwrap(), (EngineKind::Uring, None));
+}
+
 #[test]
 fn plain_vec_buffers_write_and_read_a_block_device_through_a_bounce() {
     let Some(dev) = LoopDevice::for_test("vec") else { return };

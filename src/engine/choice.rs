@@ -22,6 +22,7 @@ use std::sync::Arc;
 use super::psync::PsyncEngine;
 use super::contract::{AioParams, Engine, EngineKind, StreamRun, StreamSource};
 use super::fixed;
+pub(crate) use super::filesystem::punting_fs_of;
 pub use super::filesystem::{punting_fs, PuntingFs};
 use super::piece::Segment;
 use crate::error::{Direction, TransferError};

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::engine::fixed::RegistrableMemory;
-use crate::engine::choice::{punting_fs, PuntingFs};
+use crate::engine::choice::{punting_fs_of, PuntingFs};
 use crate::engine::{AioParams, Engine, Segment, StreamRun};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{DioAlignment, FileIdentity, OpenFile};
@@ -297,7 +297,7 @@ pub(crate) fn plan_op(
         direct_knobs,
         registrable,
         file_identity: file.identity(),
-        punting_fs: punting_fs(file.any_fd()),
+        punting_fs: punting_fs_of(file),
     }))
 }
 
