@@ -117,18 +117,6 @@ impl Cuda {
     }
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Opens `path` read-write with O_DIRECT (cuFile's requirement), or says why not.
 fn open_direct(path: &std::path::Path) -> Result<RawFd, String> {
     let c = CString::new(path.to_str().unwrap()).unwrap();
@@ -166,7 +154,7 @@ fn gds_roundtrip_on_a_gpu() {
     }
 
     let cuda = Cuda::load();
-    let data = pattern(len, 0x9e37_79b9_7f4a_7c15);
+    let data = common::pattern(0x9e37_79b9_7f4a_7c15, len);
     let src = cuda.alloc(len);
     cuda.upload(src, &data);
     let dst = cuda.alloc(len + 2 * 4096);
@@ -315,7 +303,7 @@ fn gds_roundtrip_on_a_gpu() {
     if mb > 0 {
         let n = mb * MIB;
         let big = cuda.alloc(n);
-        cuda.upload(big, &pattern(n, 7));
+        cuda.upload(big, &common::pattern(7, n));
         guard.register_device_buffer(big, n).unwrap();
         for (p, label) in [(1usize, "1 thread"), (4, "4 threads"), (8, "8 threads")] {
             let t0 = Instant::now();
