@@ -132,12 +132,16 @@ impl Drop for BounceBuffer {
     }
 }
 
-/// The pool's lock. The fork handler holds it across `fork()`, so that no
-/// other thread is inside it at the fork and a child can take it (see
-/// `fork.rs`); joining on the way in puts it in the handler's list first.
+/// The pool's lock (the fork handlers installed first: see `fork.rs`).
 fn pool() -> crate::sync::MutexGuard<'static, Pool> {
-    crate::fork::join(crate::fork::Slot::BouncePool, |_| Some(Box::new(POOL.lock())));
+    crate::fork::install();
     POOL.lock()
+}
+
+/// The fork handler's hook (`fork.rs`): holds the pool across `fork()`, so
+/// that no other thread is inside it at the fork and a child can take it.
+pub(crate) fn hold_for_fork(_: std::time::Instant) -> crate::fork::Held {
+    Some(Box::new(POOL.lock()))
 }
 
 #[cfg(test)]

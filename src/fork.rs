@@ -13,9 +13,9 @@
 //!
 //! # Every process-wide lock, and what makes it safe for a child
 //!
-//! This file names none of their owners: each owner joins ([`join`]) with a
-//! [`Slot`] and a hook before it first takes its lock, and the prepare
-//! handler calls the hooks in slot order. In that order:
+//! This file names none of their owners: each owner has a hook, and the
+//! crate root lists them in this order ([`Participants`], `lib.rs`), which
+//! the prepare handler follows. In that order:
 //!
 //! | # | lock | where | what the prepare handler does |
 //! |---|---|---|---|
@@ -30,7 +30,7 @@
 //!
 //! The parent and child handlers let go of 7 to 1, in that order. Nobody
 //! ever waits for the at-exit stats report's registration (`stats.rs`) or
-//! for these handlers' installation ([`join`]): atomic flags, not `Once`s.
+//! for these handlers' installation ([`install`]): atomic flags, not `Once`s.
 //!
 //! Not taken, because a child never uses them:
 //! * a handle's own locks (its queue, `serial`, its engines, its ops'
@@ -82,7 +82,7 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::sync::Mutex;
@@ -91,42 +91,23 @@ use crate::sync::Mutex;
 /// their in-flight requests to complete. Only a ring stuck in I/O uses it up.
 pub(crate) const FORK_WAIT: Duration = Duration::from_secs(2);
 
-/// A place in the prepare handler's order (the table above). The slots
-/// before [`Slot::FIRST_AFTER_GATE`] are settled before the gate is taken.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Slot {
-    /// 0: the settings (`knobs.rs`).
-    Settings,
-    /// 0: the io_uring probe and the default engine (`engine/mod.rs`).
-    EngineChoice,
-    /// 2: the rings' fixed-buffer tables, emptied (`engine/fixed.rs`).
-    RingTables,
-    /// 3 and 4: the retire listeners and the rings' tables list.
-    RingLists,
-    /// 5: the pinned manager's registry (`pinned/manager.rs`).
-    PinnedRegistry,
-    /// 6: the bounce pool (`bounce.rs`).
-    BouncePool,
-    /// 7: `info_once`'s keys (`log.rs`).
-    LogKeys,
-}
-
-impl Slot {
-    const COUNT: usize = 7;
-    const FIRST_AFTER_GATE: usize = Slot::RingTables as usize;
-}
-
 /// What a hook takes for the fork: the guards it must hold until the fork
 /// is done (dropped by the parent and child handlers), or nothing.
 pub(crate) type Held = Option<Box<dyn Any>>;
 
-/// A hook: takes its owner's locks for the fork, giving up on waits at the
-/// deadline where its doc says so.
+/// A hook: takes its owner's locks for the fork (or settles its
+/// `OnceLock`s), giving up on waits at the deadline where its doc says so.
 pub(crate) type Hook = fn(deadline: Instant) -> Held;
 
-/// The hooks, by slot: null until the owner joins. Atomics, not a lock or a
-/// `OnceLock`, so that a fork racing a join leaves nothing half-set.
-static HOOKS: [AtomicPtr<()>; Slot::COUNT] = [const { AtomicPtr::new(std::ptr::null_mut()) }; Slot::COUNT];
+/// Every process-wide lock's hook, in the order of the table above: the
+/// `settle` ones (row 0) before the gate, the `hold` ones (rows 2 to 7)
+/// after it. The crate root fills it in (`lib.rs`, which names every
+/// module), so this file names none of the owners, and every hook is there
+/// before any lock is first taken.
+pub(crate) struct Participants {
+    pub settle: &'static [Hook],
+    pub hold: &'static [Hook],
+}
 
 /// Held by the prepare handler until the fork is done: a run that let go of
 /// its table for a fork waits here ([`wait_while_forking`]).
@@ -151,24 +132,15 @@ pub(crate) fn wait_while_forking() {
     }
 }
 
-/// Puts `hook` in `slot` (the first join of a slot wins; later ones are one
-/// atomic load) and installs the handlers. Owners call it on the way into
-/// their process-wide state, before they first take its lock. Returns false
-/// when the handlers could not be installed (`pthread_atfork` failed): a
-/// fork then copies registered memory, and its child may find a lock held.
-pub(crate) fn join(slot: Slot, hook: Hook) -> bool {
-    let cell = &HOOKS[slot as usize];
-    if cell.load(Ordering::Acquire).is_null() {
-        let _ = cell.compare_exchange(std::ptr::null_mut(), hook as *mut (), Ordering::AcqRel, Ordering::Acquire);
-    }
-    install()
-}
-
-/// Installs the fork handlers, once per process. Never waits: a thread that
-/// finds another one installing them goes on (a fork racing the very first
-/// install may find them missing, but then no thread is inside the crate's
-/// locks either).
-fn install() -> bool {
+/// Installs the fork handlers, once per process. Called on the way into
+/// every process-wide state (`knobs::settings()`, the pinned manager, a
+/// ring's table), so they are there before any lock above is first taken.
+/// Never waits: a thread that finds another one installing them goes on (a
+/// fork racing the very first install may find them missing, but then no
+/// thread is inside the crate's locks either). False when `pthread_atfork`
+/// failed: a fork then copies registered memory, and its child may find a
+/// lock held.
+pub(crate) fn install() -> bool {
     const NONE: u8 = 0;
     const INSTALLING: u8 = 1;
     const INSTALLED: u8 = 2;
@@ -182,25 +154,17 @@ fn install() -> bool {
     if STATE.compare_exchange(NONE, INSTALLING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return STATE.load(Ordering::Acquire) != FAILED;
     }
-    // SAFETY: registers three plain functions; they call the joined hooks
-    // (which take the crate's locks) and never unwind.
+    // SAFETY: registers three plain functions; they call the hooks (which
+    // take the crate's locks) and never unwind.
     let rc = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child)) };
     STATE.store(if rc == 0 { INSTALLED } else { FAILED }, Ordering::Release);
     rc == 0
 }
 
-/// The hook in `slot`, if its owner joined.
-fn hook(slot: usize) -> Option<Hook> {
-    let p = HOOKS[slot].load(Ordering::Acquire);
-    // SAFETY: the only non-null values stored are `Hook`s cast to pointers
-    // by `join`; a fn pointer and a data pointer have one size here.
-    (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut (), Hook>(p) })
-}
-
-/// What the prepare handler holds until the fork is done, by slot; let go
+/// What the prepare handler holds until the fork is done, by hook; let go
 /// of in the reverse order ([`release`]), the gate last.
 struct Holding {
-    by_slot: Vec<Held>,
+    by_hook: Vec<Held>,
     _gate: crate::sync::MutexGuard<'static, ()>,
 }
 
@@ -222,24 +186,22 @@ extern "C" fn before_fork() {
 /// Allocates (glibc runs the prepare handlers before it takes malloc's
 /// locks, and the child handlers after it resets them).
 fn prepare() {
-    let deadline = Instant::now() + FORK_WAIT;
-    for slot in 0..Slot::FIRST_AFTER_GATE {
-        if let Some(settle) = hook(slot) {
-            drop(settle(deadline));
-        }
+    for settle in crate::FORK_PARTICIPANTS.settle {
+        drop(settle(Instant::now() + FORK_WAIT));
     }
     let gate = GATE.lock();
     FORK_PENDING.store(true, Ordering::Release);
-    let by_slot = (Slot::FIRST_AFTER_GATE..Slot::COUNT).map(|slot| hook(slot).and_then(|take| take(deadline))).collect();
-    HOLDING.with(|h| *h.borrow_mut() = Some(Holding { by_slot, _gate: gate }));
+    let deadline = Instant::now() + FORK_WAIT;
+    let by_hook = crate::FORK_PARTICIPANTS.hold.iter().map(|take| take(deadline)).collect();
+    HOLDING.with(|h| *h.borrow_mut() = Some(Holding { by_hook, _gate: gate }));
 }
 
-/// Lets go of what `prepare` took, the last slot first; the gate last, once
+/// Lets go of what `prepare` took, the last hook first; the gate last, once
 /// the flag is down, so that the runs waiting at it go on with their tables
 /// at once.
 fn release() {
     let Some(mut holding) = HOLDING.with(|h| h.borrow_mut().take()) else { return };
-    while let Some(held) = holding.by_slot.pop() {
+    while let Some(held) = holding.by_hook.pop() {
         drop(held);
     }
     FORK_PENDING.store(false, Ordering::Release);

@@ -410,12 +410,8 @@ fn default_bounce_max_mb() -> usize {
 /// see `fork.rs`.)
 pub fn settings() -> &'static Settings {
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
-    if !crate::fork::join(crate::fork::Slot::Settings, |_| {
-        let _ = settings();
-        None
-    }) {
-        // Once: later joins find the handlers' state already failed, and
-        // settings() is set by then.
+    if !crate::fork::install() {
+        // Once: later calls find the handlers' state already failed.
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
             let msg = "deepnvme: pthread_atfork failed: a fork() copies registered memory, and its child may find a lock held\n";
@@ -424,6 +420,13 @@ pub fn settings() -> &'static Settings {
         }
     }
     SETTINGS.get_or_init(Settings::from_env)
+}
+
+/// The fork handler's hook (`fork.rs`): settles the settings' `OnceLock`
+/// (a fork must not find it half set).
+pub(crate) fn settle_for_fork(_: std::time::Instant) -> crate::fork::Held {
+    let _ = settings();
+    None
 }
 
 #[cfg(test)]

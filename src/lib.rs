@@ -104,6 +104,19 @@ pub mod ffi;
 #[cfg(feature = "python")]
 pub mod python;
 
+/// The fork handler's hooks, in its order (see `fork.rs`): wired here, where
+/// every module is named, so that `fork.rs` names none of their owners.
+pub(crate) static FORK_PARTICIPANTS: fork::Participants = fork::Participants {
+    settle: &[knobs::settle_for_fork, engine::settle_for_fork],
+    hold: &[
+        engine::fixed::empty_tables_for_fork,
+        engine::fixed::hold_lists_for_fork,
+        pinned::hold_for_fork,
+        bounce::hold_for_fork,
+        log::hold_for_fork,
+    ],
+};
+
 pub use buffer::{BufferDesc, IoBuffer, Location, Staging};
 pub use config::HandleConfig;
 pub use engine::choice::{engine_for_file, punting_fs, PuntingFs, FILE_ENGINE_RULE};

@@ -51,11 +51,15 @@ pub fn info(msg: &str) {
 /// (see `fork.rs`), so that a child can print too.
 static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
-/// `SEEN`'s lock; joining the fork handler on the way in, which holds it
-/// across `fork()`.
+/// `SEEN`'s lock (the fork handlers installed first: see `fork.rs`).
 fn seen() -> MutexGuard<'static, Option<HashSet<String>>> {
-    crate::fork::join(crate::fork::Slot::LogKeys, |_| Some(Box::new(SEEN.lock())));
+    crate::fork::install();
     SEEN.lock()
+}
+
+/// The fork handler's hook (`fork.rs`): holds `SEEN` across `fork()`.
+pub(crate) fn hold_for_fork(_: std::time::Instant) -> crate::fork::Held {
+    Some(Box::new(SEEN.lock()))
 }
 
 /// An informational line printed at most once per process for `key`.

@@ -162,7 +162,7 @@ const IORING_UNREGISTER_BUFFERS: libc::c_uint = 1;
 /// list and ring descriptors, and unregistering through those would empty
 /// the parent's tables under its requests. The tables are not held across
 /// the fork: nothing registers while it is pending.
-fn empty_tables_for_fork(deadline: Instant) {
+pub(crate) fn empty_tables_for_fork(deadline: Instant) -> crate::fork::Held {
     let pid = std::process::id();
     let tables: Vec<Arc<Mutex<FixedTable>>> =
         TABLES.lock().iter().filter(|(owner, _)| *owner == pid).filter_map(|(_, t)| t.upgrade()).collect();
@@ -171,6 +171,7 @@ fn empty_tables_for_fork(deadline: Instant) {
             table.unregister_all();
         }
     }
+    None
 }
 
 /// The listener and table lists, held across `fork()` by the fork handler
@@ -182,10 +183,10 @@ struct ListsHeld {
 }
 
 /// Takes the lists for the fork handler (`LISTENERS`, then `TABLES`).
-fn lock_lists_for_fork() -> ListsHeld {
+pub(crate) fn hold_lists_for_fork(_: Instant) -> crate::fork::Held {
     let listeners = LISTENERS.lock();
     let tables = TABLES.lock();
-    ListsHeld { _tables: tables, _listeners: listeners }
+    Some(Box::new(ListsHeld { _tables: tables, _listeners: listeners }))
 }
 
 /// One registered slot of a ring's table.
@@ -235,11 +236,7 @@ impl FixedTable {
             refused: HashMap::new(),
             refusals: 0,
         }));
-        crate::fork::join(crate::fork::Slot::RingTables, |deadline| {
-            empty_tables_for_fork(deadline);
-            None
-        });
-        crate::fork::join(crate::fork::Slot::RingLists, |_| Some(Box::new(lock_lists_for_fork())));
+        crate::fork::install();
         let pid = std::process::id();
         let mut tables = TABLES.lock();
         tables.retain(|(owner, t)| *owner == pid && t.strong_count() > 0);

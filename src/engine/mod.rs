@@ -50,19 +50,16 @@ pub(crate) fn create_for(kind: EngineKind, queue_depth: usize, submitter: Submit
     }
 }
 
-/// The probe and the choice are `OnceLock`s, which a fork must not find
-/// half set: the fork handler settles both first.
-fn join_fork_handler() {
-    crate::fork::join(crate::fork::Slot::EngineChoice, |_| {
-        let _ = io_uring_status();
-        let _ = default_kind();
-        None
-    });
+/// The fork handler's hook (`fork.rs`): the probe and the choice are
+/// `OnceLock`s, which a fork must not find half set.
+pub(crate) fn settle_for_fork(_: std::time::Instant) -> crate::fork::Held {
+    let _ = io_uring_status();
+    let _ = default_kind();
+    None
 }
 
 /// Whether io_uring works here: `Err` carries the reason (with errno).
 pub fn io_uring_status() -> std::result::Result<(), String> {
-    join_fork_handler();
     static STATUS: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     STATUS.get_or_init(uring::probe).clone()
 }
@@ -71,7 +68,6 @@ pub fn io_uring_status() -> std::result::Result<(), String> {
 /// `DEEPNVME_ENGINE` when set, else io_uring when it works, else psync.
 /// The choice is logged once, on stderr, when it is not io_uring.
 pub fn default_kind() -> Result<EngineKind> {
-    join_fork_handler();
     static CHOICE: OnceLock<std::result::Result<EngineKind, String>> = OnceLock::new();
     CHOICE
         .get_or_init(|| match &knobs::settings().engine {

@@ -54,7 +54,9 @@ pub struct OpScope<'scope, 'env: 'scope> {
 impl IoHandle {
     /// Runs `f` with a scope for async ops on borrowed memory, then waits
     /// for every op of the handle: `Ok` with `f`'s value when all finished
-    /// without error, else the first error. If `f` panics, the ops are still
+    /// without error, else the first error. (As with `wait()`, an op's error
+    /// goes to whichever call finishes it: a `wait()` or blocking call on the
+    /// same handle from another thread, or inside `f`, takes it instead.) If `f` panics, the ops are still
     /// waited for before the panic goes on (the memory they borrowed is
     /// released only then).
     pub fn scope<'env, T>(&'env self, f: impl for<'scope> FnOnce(&'scope OpScope<'scope, 'env>) -> T) -> Result<T> {
@@ -69,8 +71,11 @@ impl IoHandle {
         let scope = OpScope { handle: self, _scope: PhantomData, _env: PhantomData };
         let guard = WaitOnUnwind(self);
         let value = f(&scope);
+        // The guard stays armed through this wait: should it panic midway,
+        // the guard's wait finishes the rest before the memory is released.
+        let waited = self.wait();
         std::mem::forget(guard);
-        self.wait()?;
+        waited?;
         Ok(value)
     }
 }

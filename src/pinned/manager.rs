@@ -124,7 +124,7 @@ impl PinnedMemoryManager {
     /// The one manager of this process. (The way in to it also installs
     /// the fork handlers, which hold its lock across `fork()`: see `fork.rs`.)
     pub fn shared() -> &'static PinnedMemoryManager {
-        crate::fork::join(crate::fork::Slot::PinnedRegistry, |_| Some(Box::new(lock_for_fork())));
+        crate::fork::install();
         &SHARED
     }
 
@@ -214,9 +214,10 @@ struct RegistryHeld {
     _registry: RwLockWriteGuard<'static, Registry>,
 }
 
-/// Takes the process-wide manager's registry for the fork handler.
-fn lock_for_fork() -> RegistryHeld {
-    RegistryHeld { _registry: SHARED.regions.write() }
+/// The fork handler's hook (`fork.rs`): holds the process-wide manager's
+/// registry, for writing, across `fork()`.
+pub(crate) fn hold_for_fork(_: std::time::Instant) -> crate::fork::Held {
+    Some(Box::new(RegistryHeld { _registry: SHARED.regions.write() }))
 }
 
 impl Drop for PinnedMemoryManager {

@@ -26,6 +26,6 @@ mod page_buffer;
 mod tests;
 
 pub use locked_buffer::LockedBuffer;
-pub(crate) use manager::RegionHold;
+pub(crate) use manager::{hold_for_fork, RegionHold};
 pub use manager::PinnedMemoryManager;
 pub use page_buffer::{memlock_limit, page_size, LockMode, PageAlignedBuffer};
