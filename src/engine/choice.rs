@@ -112,6 +112,22 @@ pub fn engine_for_file(asked: Option<EngineKind>, fd: RawFd) -> crate::Result<(E
     }
 }
 
+/// How many of a worker's psync threads move a slice on such a file: a
+/// write holds the file's inode lock for its whole copy, so a second writer
+/// only waits (one thread, as the stock op's io_submit does the copies);
+/// reads copy in parallel, up to one thread per core.
+pub(crate) fn psync_depth(direction: Direction, queue_depth: usize) -> usize {
+    match direction {
+        Direction::Write => 1,
+        Direction::Read => {
+            // (available_parallelism reads cgroup files: asked once.)
+            static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+            let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            queue_depth.clamp(1, cores)
+        }
+    }
+}
+
 /// The rule, in one line (`deepnvme info`).
 pub const FILE_ENGINE_RULE: &str = "files on tmpfs and ramfs use the psync engine (io_uring could only hand their reads and \
                         writes to kernel worker threads); an engine chosen explicitly (DEEPNVME_ENGINE, \

@@ -86,21 +86,24 @@ impl OpPlan {
         if let Some(fs) = self.punting_fs {
             if let Some(for_fs) = engine.for_file_system(fs) {
                 crate::engine::choice::note_routed(fs, self.path.as_deref());
-                return self.run_slice_on(index, for_fs);
+                let depth = crate::engine::choice::psync_depth(self.direction, self.knobs.queue_depth);
+                return self.run_slice_on(index, for_fs, depth);
             }
         }
-        self.run_slice_on(index, engine)
+        self.run_slice_on(index, engine, self.knobs.queue_depth)
     }
 
-    fn run_slice_on(&self, index: usize, engine: &mut dyn Engine) -> std::result::Result<(), TransferError> {
+    fn run_slice_on(&self, index: usize, engine: &mut dyn Engine, depth: usize) -> std::result::Result<(), TransferError> {
         let Some(slice) = self.slices.get(index) else { return Ok(()) };
         let attach = |e: TransferError| self.name_target(e);
         let memory = self.registrable.as_ref();
         if !slice.buffered.is_empty() {
-            engine.run_with(self.direction, &slice.buffered, &self.knobs, memory).map_err(attach)?;
+            let knobs = Knobs { queue_depth: depth, ..self.knobs };
+            engine.run_with(self.direction, &slice.buffered, &knobs, memory).map_err(attach)?;
         }
         if !slice.direct.is_empty() {
-            engine.run_with(self.direction, &slice.direct, &self.direct_knobs, memory).map_err(attach)?;
+            let knobs = Knobs { queue_depth: depth, ..self.direct_knobs };
+            engine.run_with(self.direction, &slice.direct, &knobs, memory).map_err(attach)?;
         }
         Ok(())
     }
