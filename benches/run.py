@@ -163,7 +163,7 @@ def fio_json(args):
 
 # The fast-device tier's buffers hold one repeated byte (what ds_worker fills
 # its tensors with), so that zram stores every page without compressing it.
-# Writes only: with a pattern set, fio also fills its buffers before reads.
+# Writes only: a read leaves what the layout wrote, which had the pattern.
 FIO_CONSTANT = ["--buffer_pattern=0x5a", "--scramble_buffers=0"]
 
 
