@@ -112,20 +112,26 @@ pub fn engine_for_file(asked: Option<EngineKind>, fd: RawFd) -> crate::Result<(E
     }
 }
 
-/// How many of a worker's psync threads move a slice on such a file: a
-/// write holds the file's inode lock for its whole copy, so a second writer
-/// only waits (one thread, as the stock op's io_submit does the copies);
-/// reads copy in parallel, up to one thread per core.
-pub(crate) fn psync_depth(direction: Direction, queue_depth: usize) -> usize {
-    match direction {
+/// The knobs a psync run of `bytes` on such a file uses instead of
+/// `knobs`. There is no device queue to fill, only a copy: a write holds
+/// the file's inode lock for its whole copy, so a second writer thread only
+/// waits (one thread per worker, as the stock op's io_submit copies), and
+/// each request is a lock round trip, so a request is as large as the run
+/// allows; reads copy in parallel, one thread per core, one request each.
+pub(crate) fn psync_knobs(direction: Direction, knobs: &Knobs, bytes: usize) -> Knobs {
+    let threads = match direction {
         Direction::Write => 1,
         Direction::Read => {
             // (available_parallelism reads cgroup files: asked once.)
             static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
             let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-            queue_depth.clamp(1, cores)
+            knobs.queue_depth.clamp(1, cores)
         }
-    }
+    };
+    // Whole MiBs keep every request at the O_DIRECT alignment `knobs` had.
+    const GRAIN: usize = 1 << 20;
+    let block = bytes.div_ceil(threads).div_ceil(GRAIN).saturating_mul(GRAIN).min(1 << 30);
+    Knobs { queue_depth: threads, block_size: block.max(knobs.block_size), ..*knobs }
 }
 
 /// The rule, in one line (`deepnvme info`).

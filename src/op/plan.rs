@@ -86,23 +86,27 @@ impl OpPlan {
         if let Some(fs) = self.punting_fs {
             if let Some(for_fs) = engine.for_file_system(fs) {
                 crate::engine::choice::note_routed(fs, self.path.as_deref());
-                let depth = crate::engine::choice::psync_depth(self.direction, self.knobs.queue_depth);
-                return self.run_slice_on(index, for_fs, depth);
+                return self.run_slice_on(index, for_fs, true);
             }
         }
-        self.run_slice_on(index, engine, self.knobs.queue_depth)
+        self.run_slice_on(index, engine, false)
     }
 
-    fn run_slice_on(&self, index: usize, engine: &mut dyn Engine, depth: usize) -> std::result::Result<(), TransferError> {
+    /// `routed`: on the psync engine of a file io_uring punts for (its own knobs).
+    fn run_slice_on(&self, index: usize, engine: &mut dyn Engine, routed: bool) -> std::result::Result<(), TransferError> {
         let Some(slice) = self.slices.get(index) else { return Ok(()) };
         let attach = |e: TransferError| self.name_target(e);
         let memory = self.registrable.as_ref();
+        let knobs_for = |knobs: &Knobs, segments: &[Segment]| match routed {
+            true => crate::engine::choice::psync_knobs(self.direction, knobs, segments.iter().map(|s| s.len).sum()),
+            false => *knobs,
+        };
         if !slice.buffered.is_empty() {
-            let knobs = Knobs { queue_depth: depth, ..self.knobs };
+            let knobs = knobs_for(&self.knobs, &slice.buffered);
             engine.run_with(self.direction, &slice.buffered, &knobs, memory).map_err(attach)?;
         }
         if !slice.direct.is_empty() {
-            let knobs = Knobs { queue_depth: depth, ..self.direct_knobs };
+            let knobs = knobs_for(&self.direct_knobs, &slice.direct);
             engine.run_with(self.direction, &slice.direct, &knobs, memory).map_err(attach)?;
         }
         Ok(())
