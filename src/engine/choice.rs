@@ -117,15 +117,16 @@ pub fn engine_for_file(asked: Option<EngineKind>, fd: RawFd) -> crate::Result<(E
 /// the file's inode lock for its whole copy, so a second writer thread only
 /// waits (one thread per worker, as the stock op's io_submit copies), and
 /// each request is a lock round trip, so a request is as large as the run
-/// allows; reads copy in parallel, one thread per core, one request each.
-pub(crate) fn psync_knobs(direction: Direction, knobs: &Knobs, bytes: usize) -> Knobs {
+/// allows; reads copy in parallel, a thread per core among the op's
+/// `workers` (more would only take turns), one request each.
+pub(crate) fn psync_knobs(direction: Direction, knobs: &Knobs, bytes: usize, workers: usize) -> Knobs {
     let threads = match direction {
         Direction::Write => 1,
         Direction::Read => {
             // (available_parallelism reads cgroup files: asked once.)
             static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
             let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-            knobs.queue_depth.clamp(1, cores)
+            knobs.queue_depth.clamp(1, (cores / workers.max(1)).max(1))
         }
     };
     // Whole MiBs keep every request at the O_DIRECT alignment `knobs` had.

@@ -98,7 +98,10 @@ impl OpPlan {
         let attach = |e: TransferError| self.name_target(e);
         let memory = self.registrable.as_ref();
         let knobs_for = |knobs: &Knobs, segments: &[Segment]| match routed {
-            true => crate::engine::choice::psync_knobs(self.direction, knobs, segments.iter().map(|s| s.len).sum()),
+            true => {
+                let bytes = segments.iter().map(|s| s.len).sum();
+                crate::engine::choice::psync_knobs(self.direction, knobs, bytes, self.slices.len())
+            }
             false => *knobs,
         };
         if !slice.buffered.is_empty() {
