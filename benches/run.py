@@ -649,7 +649,9 @@ def write_fast_report(res, out):
           "the software's cost hides. An array of NVMe drives moves 10–50 GB/s, and there the cost per byte and "
           "per request of the software above the drives decides the throughput. A zram device is a block "
           "device in memory: the benchmark puts ext4 on it and runs the whole kernel stack above it, as on an "
-          "NVMe array (O_DIRECT through ext4's iomap direct I/O, bios, blk-mq), and only the drive is replaced. "
+          "NVMe array (O_DIRECT through ext4's iomap direct I/O, page pinning, bios through the block layer's "
+          "submit path), and only the drive is replaced (zram takes bios itself: there is no blk-mq request queue "
+          "and no DMA, the copy is the CPU's). "
           "Its pages are filled with one repeated byte (deepnvme and the stock op fill their tensors with 0x5A, "
           "fio gets `--buffer_pattern=0x5a --scramble_buffers=0`), which zram stores as that value without "
           "compressing anything, so a transfer costs a memset or a page-sized store, not a compressor. What "
@@ -657,6 +659,7 @@ def write_fast_report(res, out):
           "device queue), so queue depth buys no device parallelism, and the cores that submit also do the "
           "\"device's\" work. It bounds how much CPU the stack costs per byte, the quantity that limits a "
           "fast array on a machine this size.", "",
+          "What bounds each target, with profiles: [history.md](history.md#2026-12-01-fast-device-tier-engine-per-file-small-ops).", "",
           "tmpfs is the other case: a file system in the page cache, on which io_uring cannot run a read or "
           "write without blocking and hands every request to a kernel worker thread; deepnvme runs such files "
           "on its psync engine (`src/engine/choice.rs`). Its rows add deepnvme with io_uring forced "
