@@ -113,12 +113,9 @@ impl Counters {
         self.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
-    /// `runs` engine runs made by `kind`.
-    pub(crate) fn record_runs(&self, kind: crate::engine::EngineKind, runs: u64) {
-        let counter = match kind {
-            crate::engine::EngineKind::Uring => &self.uring_runs,
-            crate::engine::EngineKind::Psync => &self.psync_runs,
-        };
+    /// `runs` engine runs made by io_uring (else by psync).
+    pub(crate) fn record_runs(&self, io_uring: bool, runs: u64) {
+        let counter = if io_uring { &self.uring_runs } else { &self.psync_runs };
         counter.fetch_add(runs, Ordering::Relaxed);
     }
 

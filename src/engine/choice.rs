@@ -12,8 +12,9 @@
 //! choice applies to every file. Said once per file system on stderr.
 //!
 //! [`Routed`] wraps every engine a handle makes: it holds the psync engine
-//! for such files and counts the runs each engine made (handle and process
-//! statistics, which is how the tests see which engine ran an op).
+//! for such files and counts the runs each engine made (into the handle's
+//! and the process's statistics through a [`RunCounter`]: that is how the
+//! tests see which engine ran an op).
 
 use std::os::fd::RawFd;
 use std::path::Path;
@@ -22,9 +23,7 @@ use std::sync::Arc;
 use super::psync::PsyncEngine;
 use super::{fixed, Engine, EngineKind, Knobs, Segment, StreamRun, StreamSource};
 use crate::error::{Direction, TransferError};
-use crate::file::OpenFile;
 use crate::knobs::{self, EngineChoice};
-use crate::stats::{self, Counters};
 
 /// A file system on which io_uring can only hand reads and writes to
 /// kernel worker threads (measured: `iou-wrk` threads appear for them, and
@@ -63,19 +62,9 @@ pub fn punting_fs(fd: RawFd) -> Option<PuntingFs> {
     statfs_punting(fd)
 }
 
-/// [`punting_fs`] for an op's file, without a system call where its
-/// `statx` already answers: tmpfs and ramfs are on anonymous devices
-/// (major 0), so a file on a real block device is neither.
-pub(crate) fn punting_fs_of(file: &OpenFile) -> Option<PuntingFs> {
-    match file.identity() {
-        Some(id) if id.block_device || id.dev_major != 0 => None,
-        Some(_) => statfs_punting(file.any_fd()),
-        None if file.is_block_device() => None,
-        None => statfs_punting(file.any_fd()),
-    }
-}
-
-fn statfs_punting(fd: RawFd) -> Option<PuntingFs> {
+/// [`punting_fs`] without the `fstat`, for a descriptor known not to be
+/// a block device's.
+pub(crate) fn statfs_punting(fd: RawFd) -> Option<PuntingFs> {
     // SAFETY: fstatfs fills a zeroed struct.
     let magic = unsafe {
         let mut st: libc::statfs = std::mem::zeroed();
@@ -154,12 +143,18 @@ pub(crate) fn note_routed(fs: PuntingFs, path: Option<&Path>) {
     );
 }
 
+/// Where an engine's runs are counted (the handle's and the process's
+/// statistics).
+pub(crate) trait RunCounter: Send + Sync {
+    fn record_runs(&self, io_uring: bool, runs: u64);
+}
+
 /// What a handle's engines are made with: whether they follow files, and
-/// the handle's counters (none for a one-shot transfer without a handle).
-#[derive(Clone, Default)]
+/// where their runs are counted.
+#[derive(Clone)]
 pub(crate) struct EngineRoute {
     pub follows_files: bool,
-    pub counters: Option<Arc<Counters>>,
+    pub counter: Arc<dyn RunCounter>,
 }
 
 /// An engine of a handle: its own engine, and the psync engine for files
@@ -167,23 +162,19 @@ pub(crate) struct EngineRoute {
 pub(crate) struct Routed {
     inner: Box<dyn Engine>,
     for_files: Option<Box<Routed>>,
-    counters: Option<Arc<Counters>>,
+    counter: Arc<dyn RunCounter>,
 }
 
 impl Routed {
     pub fn new(inner: Box<dyn Engine>, queue_depth: usize, route: &EngineRoute) -> Routed {
         let for_files = (route.follows_files && inner.kind() != EngineKind::Psync).then(|| {
-            Box::new(Routed { inner: Box::new(PsyncEngine::new(queue_depth)), for_files: None, counters: route.counters.clone() })
+            Box::new(Routed { inner: Box::new(PsyncEngine::new(queue_depth)), for_files: None, counter: route.counter.clone() })
         });
-        Routed { inner, for_files, counters: route.counters.clone() }
+        Routed { inner, for_files, counter: route.counter.clone() }
     }
 
     fn count(&self, runs: u64) {
-        let kind = self.inner.kind();
-        if let Some(c) = &self.counters {
-            c.record_runs(kind, runs);
-        }
-        stats::process_counters().record_runs(kind, runs);
+        self.counter.record_runs(self.inner.kind() == EngineKind::Uring, runs);
     }
 }
 
@@ -239,7 +230,7 @@ impl Engine for Routed {
     fn is_broken(&self) -> bool {
         self.inner.is_broken()
     }
-    fn for_file_system(&mut self, _fs: PuntingFs) -> Option<&mut dyn Engine> {
+    fn for_punting_files(&mut self) -> Option<&mut dyn Engine> {
         Some(self.for_files.as_deref_mut()? as &mut dyn Engine)
     }
 }

@@ -245,8 +245,9 @@ pub trait Engine: Send {
     fn is_broken(&self) -> bool {
         false
     }
-    /// The engine for files on `fs`, when not this one (see [`choice`]).
-    fn for_file_system(&mut self, _fs: choice::PuntingFs) -> Option<&mut dyn Engine> {
+    /// The engine for files on a file system io_uring punts for, when not
+    /// this one (see the `choice` module).
+    fn for_punting_files(&mut self) -> Option<&mut dyn Engine> {
         None
     }
 }

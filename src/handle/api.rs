@@ -148,7 +148,7 @@ impl IoHandle {
         let counters = Arc::new(Counters::new());
         let route = EngineRoute {
             follows_files: choice::follows_files(config.engine, engine_kind),
-            counters: Some(counters.clone()),
+            counter: Arc::new(RunTally(Some(counters.clone()))),
         };
         let mut workers = Vec::with_capacity(config.intra_op_parallelism);
         let stream_tally = Arc::new(StreamTally::default());

@@ -207,7 +207,7 @@ pub(super) fn with_thread_engine<T>(
                     std::mem::forget(engine);
                 }
             }
-            let route = crate::engine::choice::EngineRoute { follows_files, counters: None };
+            let route = crate::engine::choice::EngineRoute { follows_files, counter: Arc::new(RunTally(None)) };
             let engine = worker_engine(kind, queue_depth, Submitter::AnyThread, &route);
             *slot = Some((pid, kind_key, queue_depth, engine));
         }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::latch::*;
-use crate::engine::choice::{EngineRoute, Routed};
+use crate::engine::choice::{EngineRoute, RunCounter, Routed};
 use crate::engine::fixed::RetireListener;
 use crate::engine::{self, Engine, EngineKind, Submitter};
 use crate::error::{panic_text, Result};
@@ -119,6 +119,19 @@ pub(super) fn worker_engine(
         }
     };
     Box::new(Routed::new(engine, queue_depth, route))
+}
+
+/// Counts engine runs into a handle's counters (when there is a handle)
+/// and the process's.
+pub(super) struct RunTally(pub(super) Option<Arc<crate::stats::Counters>>);
+
+impl RunCounter for RunTally {
+    fn record_runs(&self, io_uring: bool, runs: u64) {
+        if let Some(c) = &self.0 {
+            c.record_runs(io_uring, runs);
+        }
+        crate::stats::process_counters().record_runs(io_uring, runs);
+    }
 }
 
 /// How a handle's workers streamed ops (the tests read it).

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::engine::fixed::RegistrableMemory;
-use crate::engine::choice::{punting_fs_of, PuntingFs};
+use crate::engine::choice::{statfs_punting, PuntingFs};
 use crate::engine::{Engine, Knobs, Segment, StreamRun};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{DioAlignment, FileIdentity, OpenFile};
@@ -84,7 +84,7 @@ impl OpPlan {
     /// the file's file system.
     pub fn run_slice(&self, index: usize, engine: &mut dyn Engine) -> std::result::Result<(), TransferError> {
         if let Some(fs) = self.punting_fs {
-            if let Some(for_fs) = engine.for_file_system(fs) {
+            if let Some(for_fs) = engine.for_punting_files() {
                 crate::engine::choice::note_routed(fs, self.path.as_deref());
                 return self.run_slice_on(index, for_fs, true);
             }
@@ -309,6 +309,19 @@ pub(crate) fn plan_op(
         file_identity: file.identity(),
         punting_fs: punting_fs_of(file),
     }))
+}
+
+/// The file system of an op's file, when io_uring punts for it, without a
+/// system call where its `statx` already answers: tmpfs and ramfs are on
+/// anonymous devices (major 0), so a file on a real block device is
+/// neither; a block device's node is on devtmpfs, but its bytes are not.
+fn punting_fs_of(file: &OpenFile) -> Option<PuntingFs> {
+    match file.identity() {
+        Some(id) if id.block_device || id.dev_major != 0 => None,
+        Some(_) => statfs_punting(file.any_fd()),
+        None if file.is_block_device() => None,
+        None => statfs_punting(file.any_fd()),
+    }
 }
 
 #[cfg(test)]
