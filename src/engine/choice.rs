@@ -3,8 +3,8 @@
 //!
 //! io_uring moves a read or write itself only when the file system can do
 //! it without blocking (`IOCB_NOWAIT`). tmpfs and ramfs cannot: every
-//! request goes to a kernel worker thread (`iou-wrk-*`), one at a time per
-//! file, which costs a hand-off and a wake-up and loses to plain
+//! request goes to a kernel worker thread (`iou-wrk-*`; writes to one file
+//! one at a time), which costs a hand-off and a wake-up and loses to plain
 //! pread/pwrite on the handle's own threads (docs/perf/fast_device.md). So
 //! ops on such files run on the psync engine, decided per op from the
 //! file's `statfs` type, unless the engine was chosen explicitly
@@ -131,6 +131,12 @@ pub const FILE_ENGINE_RULE: &str = "files on tmpfs and ramfs use the psync engin
 
 /// Says once per file system that its files run on psync.
 pub(crate) fn note_routed(fs: PuntingFs, path: Option<&Path>) {
+    // Every routed slice passes here: format nothing once it was said.
+    static SAID: [std::sync::atomic::AtomicBool; 2] =
+        [std::sync::atomic::AtomicBool::new(false), std::sync::atomic::AtomicBool::new(false)];
+    if SAID[fs as usize].swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     let file = path.map(|p| format!(" ({})", p.display())).unwrap_or_default();
     crate::log::info_once(
         &format!("file-engine-{}", fs.name()),
