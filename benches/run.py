@@ -96,16 +96,35 @@ def cell_label(c):
     return f"{c['op'][0].upper()} {bs} q{c['qd']} p{c['par']} {'L' if c['buffer'] == 'locked' else 'P'}"
 
 
-def cell_impls(c):
-    return ["fio", "stock", "deepnvme", "cli"] if c["buffer"] == "locked" else ["stock", "deepnvme"]
+def cell_impls(c, fast=False, tmpfs=False):
+    """What runs in a cell. The fast-device tier adds fio's libaio engine
+    and drops the CLI (whose buffers hold a non-repeating pattern, which
+    zram would compress); its tmpfs rows add deepnvme with io_uring forced
+    (DEEPNVME_ENGINE=uring), to show what the engine per file is worth."""
+    if not fast:
+        return ["fio", "stock", "deepnvme", "cli"] if c["buffer"] == "locked" else ["stock", "deepnvme"]
+    impls = ["fio", "fio-libaio", "stock", "deepnvme"] if c["buffer"] == "locked" else ["stock", "deepnvme"]
+    return impls + (["deepnvme-uring"] if tmpfs else [])
+
+
+def tmpfs_cells(quick):
+    """The fast-device tier's tmpfs rows: 1 MiB qd 32, locked at par 1 and
+    2, plain at par 1, read and write."""
+    cells = []
+    for op in ("write", "read"):
+        for par, buffer in ((1, "locked"), (2, "locked"), (1, "plain")):
+            if quick and par == 2:
+                continue
+            cells.append(dict(op=op, bs=MiB, qd=32, par=par, buffer=buffer, overlap=1))
+    return cells
 
 
 # ---------------------------------------------------------------- runners
 
 class Worker:
-    def __init__(self, impl, python):
+    def __init__(self, impl, python, extra_env=None):
         self.impl = impl
-        env = dict(os.environ)
+        env = dict(os.environ, **(extra_env or {}))
         env["DEEPNVME_LOG"] = "quiet"
         # Read by the hook at interpreter start-up: 0 lets DeepSpeed JIT-build its own op.
         env["DEEPNVME_DEEPSPEED_HOOK"] = "0" if impl == "stock" else "1"
@@ -142,12 +161,18 @@ def fio_json(args):
     return json.loads(txt)
 
 
-def run_fio(c, path, size):
+# The fast-device tier's buffers hold one repeated byte (what ds_worker fills
+# its tensors with), so that zram stores every page without compressing it.
+# Writes only: a read leaves what the layout wrote, which had the pattern.
+FIO_CONSTANT = ["--buffer_pattern=0x5a", "--scramble_buffers=0"]
+
+
+def run_fio(c, path, size, engine="io_uring", constant=False):
     par = c["par"]
     per = size // par
-    args = ["--name=grid", f"--filename={path}", "--direct=1", "--ioengine=io_uring", f"--rw={c['op']}",
+    args = ["--name=grid", f"--filename={path}", "--direct=1", f"--ioengine={engine}", f"--rw={c['op']}",
             f"--bs={c['bs']}", f"--iodepth={c['qd']}", f"--numjobs={par}", f"--size={per}",
-            f"--offset_increment={per}"]
+            f"--offset_increment={per}"] + (FIO_CONSTANT if constant and c["op"] == "write" else [])
     j = fio_json(args)
     nbytes, secs, cpu = 0, 0.0, 0.0
     for job in j["jobs"]:
@@ -184,14 +209,32 @@ def run_cli(cli, c, path, size, op_bytes):
 
 
 class Settle:
-    """sync, drop the page cache (as root), pause: before every timed run."""
+    """sync, drop the page cache (as root), pause: before every timed run.
+    With `sync_dirs`, only their file systems are synced (syncfs): the
+    fast-device tier's runs take a fraction of a second, and a global sync
+    would wait for whatever else on the machine is writing to its disk."""
 
-    def __init__(self, pause):
+    def __init__(self, pause, sync_dirs=None):
         self.pause = pause
         self.can_drop = True
+        self.sync_dirs = [d for d in (sync_dirs or []) if d]
+
+    def sync(self):
+        if not self.sync_dirs:
+            os.sync()
+            return
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        for d in self.sync_dirs:
+            fd = os.open(d, os.O_RDONLY)
+            try:
+                if libc.syncfs(fd) != 0:
+                    os.sync()
+            finally:
+                os.close(fd)
 
     def __call__(self):
-        os.sync()
+        self.sync()
         if self.can_drop:
             try:
                 with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -287,17 +330,25 @@ def main():
     ap.add_argument("--command", default=None, help="the command line to print in the report")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite OUT/README.md and the charts from OUT/results.json, run nothing")
+    ap.add_argument("--fast-device", action="store_true",
+                    help="the fast-device tier: --dir is ext4 on zram (run.sh sets it up); writes OUT/fast_device.*")
+    ap.add_argument("--tmpfs-dir", default=None, help="--fast-device: a tmpfs for the tmpfs rows")
     a = ap.parse_args()
+    fast = a.fast_device
     if a.report_only:
-        with open(os.path.join(a.out, "results.json")) as f:
+        with open(os.path.join(a.out, "fast_device.json" if fast else "results.json")) as f:
             res = json.load(f)
-        charts(res, a.out)
-        write_report(res, a.out)
+        if fast:
+            fast_charts(res, a.out)
+            write_fast_report(res, a.out)
+        else:
+            charts(res, a.out)
+            write_report(res, a.out)
         return
 
     quick = a.quick
     rounds = a.rounds or (2 if quick else 4)
-    size = parse_size(a.size or ("64M" if quick else "256M"))
+    size = parse_size(a.size or ("64M" if quick else ("512M" if fast else "256M")))
     op_bytes = parse_size(a.op_bytes) if a.op_bytes else min(size, 128 * MiB)
     small_seconds = a.small_seconds or (1.0 if quick else 3.0)
     dir_ = os.path.abspath(a.dir or os.path.join(ROOT, "target", "perf"))
@@ -316,7 +367,7 @@ def main():
     log(f"run: load average {load_before[0]:.2f} at start")
 
     cells, trimmed = build_grid(quick)
-    settle = Settle(a.pause)
+    settle = Settle(a.pause, [dir_, a.tmpfs_dir] if fast else None)
     path = os.path.join(dir_, "perf-grid.dat")
 
     log("run: starting the stock worker (its first start JIT-builds DeepSpeed's async_io: minutes, far longer on a busy machine) ...")
@@ -324,39 +375,58 @@ def main():
     log(f"run: stock: {workers['stock'].hello}")
     workers["deepnvme"] = Worker("deepnvme", a.python)
     log(f"run: deepnvme: {workers['deepnvme'].hello}")
+    tmpfs_dir = None
+    if fast and a.tmpfs_dir:
+        tmpfs_dir = os.path.abspath(a.tmpfs_dir)
+        workers["deepnvme-uring"] = Worker("deepnvme", a.python, {"DEEPNVME_ENGINE": "uring"})
 
-    log(f"run: laying out {path} ({show_size(size)}, untimed) ...")
-    fio_json(["--name=layout", f"--filename={path}", "--direct=1", "--ioengine=io_uring", "--rw=write",
-              f"--size={size}", "--bs=1M", "--iodepth=32"])
+    def layout(p, direct=1):
+        log(f"run: laying out {p} ({show_size(size)}, untimed) ...")
+        fio_json(["--name=layout", f"--filename={p}", f"--direct={direct}", "--ioengine=io_uring", "--rw=write",
+                  f"--size={size}", "--bs=1M", "--iodepth=32"] + (FIO_CONSTANT if fast else []))
 
-    def run_one(impl, c):
+    layout(path)
+
+    def run_one(impl, c, p):
         settle()
-        if impl == "fio":
-            return run_fio(c, path, size)
+        if impl in ("fio", "fio-libaio"):
+            return run_fio(c, p, size, "libaio" if impl == "fio-libaio" else "io_uring", constant=fast)
         if impl == "cli":
-            return run_cli(a.cli, c, path, size, op_bytes)
-        cfg = {"op": c["op"], "file": path, "size": size, "op_bytes": op_bytes, "block_size": c["bs"],
+            return run_cli(a.cli, c, p, size, op_bytes)
+        cfg = {"op": c["op"], "file": p, "size": size, "op_bytes": op_bytes, "block_size": c["bs"],
                "queue_depth": c["qd"], "parallelism": c["par"], "overlap_events": c["overlap"],
                "single_submit": 0, "buffer": c["buffer"]}
         return workers[impl].run(cfg)
 
     results = {"cells": [], "small": [], "is_managed": None}
-    total = sum(len(cell_impls(c)) for c in cells) * rounds
+    tmpfs = tmpfs_cells(quick) if tmpfs_dir else []
+    total = (sum(len(cell_impls(c, fast)) for c in cells) + sum(len(cell_impls(c, fast, True)) for c in tmpfs)) * rounds
     done = 0
-    for c in cells:
-        impls = cell_impls(c)
-        runs = {i: [] for i in impls}
-        cpu = {i: [] for i in impls}
-        for r in range(rounds):
-            order = impls if r % 2 == 0 else list(reversed(impls))
-            for impl in order:
-                out = run_one(impl, c)
-                runs[impl].append(out["gb_per_s"])
-                cpu[impl].append(out["cpu_s_per_gb"])
-                done += 1
-            log(f"run: [{done}/{total}] {cell_label(c)} round {r + 1} ({' '.join(order)}): "
-                + "  ".join(f"{i} {runs[i][-1]:.3f}" for i in impls))
-        results["cells"].append({**c, "label": cell_label(c), "gb_per_s": runs, "cpu_s_per_gb": cpu})
+
+    def run_cells(cs, p, on_tmpfs, into):
+        nonlocal done
+        for c in cs:
+            impls = cell_impls(c, fast, on_tmpfs)
+            runs = {i: [] for i in impls}
+            cpu = {i: [] for i in impls}
+            for r in range(rounds):
+                order = impls if r % 2 == 0 else list(reversed(impls))
+                for impl in order:
+                    out = run_one(impl, c, p)
+                    runs[impl].append(out["gb_per_s"])
+                    cpu[impl].append(out["cpu_s_per_gb"])
+                    done += 1
+                log(f"run: [{done}/{total}] {'tmpfs ' if on_tmpfs else ''}{cell_label(c)} round {r + 1} "
+                    f"({' '.join(order)}): " + "  ".join(f"{i} {runs[i][-1]:.3f}" for i in impls))
+            into.append({**c, "label": cell_label(c), "gb_per_s": runs, "cpu_s_per_gb": cpu})
+
+    run_cells(cells, path, False, results["cells"])
+    if tmpfs_dir:
+        results["tmpfs"] = []
+        tmpfs_path = os.path.join(tmpfs_dir, "perf-grid.dat")
+        layout(tmpfs_path, direct=0)
+        run_cells(tmpfs, tmpfs_path, True, results["tmpfs"])
+        os.unlink(tmpfs_path)
 
     small_sizes = [4096] if quick else [4096, 65536]
     for ob in small_sizes:
@@ -387,13 +457,14 @@ def main():
         pass
 
     counts = "10,1000" if quick else "10,1000,100000"
-    log(f"run: is_managed microbenchmark ({counts} live regions) ...")
-    r = subprocess.run([a.is_managed_bin, "--counts", counts, "--json", "--budget-ms", "50" if quick else "200"],
-                       capture_output=True, text=True)
-    if r.returncode == 0:
-        results["is_managed"] = json.loads(r.stdout)
-    else:
-        log(f"run: is_managed_bench failed: {r.stderr.strip()}")
+    if not fast:
+        log(f"run: is_managed microbenchmark ({counts} live regions) ...")
+        r = subprocess.run([a.is_managed_bin, "--counts", counts, "--json", "--budget-ms", "50" if quick else "200"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            results["is_managed"] = json.loads(r.stdout)
+        else:
+            log(f"run: is_managed_bench failed: {r.stderr.strip()}")
 
     duration = time.time() - started
     load_after = os.getloadavg()
@@ -401,13 +472,20 @@ def main():
             "duration_s": round(duration, 1), "rounds": rounds, "size": size, "op_bytes": op_bytes,
             "pause_s": a.pause, "small_seconds": small_seconds, "drop_caches": settle.can_drop,
             "load_before": load_before, "load_after": load_after, "machine": mach, "versions": vers,
-            "trimmed": trimmed, "stock_module": workers["stock"].hello, "deepnvme_module": workers["deepnvme"].hello}
+            "trimmed": trimmed, "stock_module": workers["stock"].hello, "deepnvme_module": workers["deepnvme"].hello,
+            "fast_device": fast, "tmpfs_dir": tmpfs_dir,
+            "tmpfs_filesystem": machine(tmpfs_dir)["filesystem"] if tmpfs_dir else None}
     results["meta"] = meta
-    with open(os.path.join(a.out, "results.json"), "w") as f:
+    name = "fast_device" if fast else "README"
+    with open(os.path.join(a.out, "fast_device.json" if fast else "results.json"), "w") as f:
         json.dump(results, f, indent=1)
-    charts(results, a.out)
-    write_report(results, a.out)
-    log(f"run: done in {duration:.0f} s; wrote {a.out}/README.md")
+    if fast:
+        fast_charts(results, a.out)
+        write_fast_report(results, a.out)
+    else:
+        charts(results, a.out)
+        write_report(results, a.out)
+    log(f"run: done in {duration:.0f} s; wrote {a.out}/{name}.md")
 
 
 # ---------------------------------------------------------------- output
@@ -487,6 +565,201 @@ def charts(res, out):
         fig.tight_layout()
         fig.savefig(os.path.join(out, "is_managed.png"), dpi=100)
         plt.close(fig)
+
+
+def ratio_of(cell, a, b, key="gb_per_s"):
+    return ratio_stats(cell[key][a], cell[key][b]) if a in cell[key] and b in cell[key] else None
+
+
+def plain_vs_locked(cells):
+    """Report lines: deepnvme with plain tensors against deepnvme with
+    locked ones in the same cell (per-round ratios of the two runs)."""
+    L = ["### Plain tensors against locked ones", "",
+         "deepnvme's GB/s with a plain `torch.empty` tensor (bounced: read into, or written from, a pooled "
+         "buffer, the copy on the calling thread, spread over cores for large copies) over its GB/s with a "
+         "locked tensor in the same cell, per round.", "",
+         "| cell | locked | plain | plain/locked |", "|---|---:|---:|---:|"]
+    locked = {(c["op"], c["bs"], c["qd"], c["par"]): c for c in cells if c["buffer"] == "locked"}
+    for c in cells:
+        if c["buffer"] != "plain":
+            continue
+        lc = locked.get((c["op"], c["bs"], c["qd"], c["par"]))
+        if not lc:
+            continue
+        r = ratio_stats(c["gb_per_s"]["deepnvme"], lc["gb_per_s"]["deepnvme"])
+        L.append(f"| {c['label'][:-2]} | {med(lc['gb_per_s']['deepnvme']):.3f} | {med(c['gb_per_s']['deepnvme']):.3f} "
+                 f"| {fmt_ratio(r)} |")
+    L.append("")
+    return L
+
+
+def fast_charts(res, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"fio": "#777777", "fio-libaio": "#bbbbbb", "stock": "#d95f02", "deepnvme": "#1b9e77",
+              "deepnvme-uring": "#66a61e"}
+    q = " (QUICK run: harness check, not a measurement)" if res["meta"]["quick"] else ""
+    groups = [(f"{op}s, ext4 on zram", [c for c in res["cells"] if c["op"] == op]) for op in ("read", "write")]
+    if res.get("tmpfs"):
+        groups.append(("tmpfs", res["tmpfs"]))
+    impls = ["fio", "fio-libaio", "stock", "deepnvme", "deepnvme-uring"]
+    widest = max(len(cs) for _, cs in groups)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(max(8, 0.8 * widest), 3.6 * len(groups)), squeeze=False)
+    for ax, (title, cs) in zip(axes[:, 0], groups):
+        w = 0.16
+        for k, impl in enumerate(impls):
+            xs, ys, lo, hi = [], [], [], []
+            for i, c in enumerate(cs):
+                v = c["gb_per_s"].get(impl)
+                if not v:
+                    continue
+                m = med(v)
+                xs.append(i + (k - 2) * w)
+                ys.append(m)
+                lo.append(m - min(v))
+                hi.append(max(v) - m)
+            if xs:
+                label = "deepnvme, io_uring forced" if impl == "deepnvme-uring" else impl
+                ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=label, color=colors[impl])
+        ax.set_xticks(range(len(cs)))
+        ax.set_xticklabels([c["label"] if title == "tmpfs" else c["label"][2:] for c in cs], rotation=45,
+                           ha="right", fontsize=8)
+        ax.set_ylabel("GB/s (median, min–max)")
+        ax.set_title(f"{title}{q}", fontsize=10)
+        ax.legend(fontsize=7, ncol=5)
+    fig.suptitle("fast-device tier: block size, queue depth q, intra_op_parallelism p, L locked / P plain", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "fast_device.png"), dpi=100)
+    plt.close(fig)
+
+
+def write_fast_report(res, out):
+    m = res["meta"]
+    mach, v = m["machine"], m["versions"]
+    L = ["# Performance: the fast-device tier (ext4 on zram, and tmpfs)", ""]
+    if m["quick"]:
+        L += ["> **QUICK RUN (`--quick`): a check of the harness at small sizes on a busy machine, not a "
+              "measurement.** Repeat the full run on a quiet machine before quoting any number.", ""]
+    L += ["Generated by `benches/run.sh` (its fast-device tier); every run is in [fast_device.json](fast_device.json). "
+          "The virtio disk's tier: [README.md](README.md).", "",
+          "## Why zram stands in for a multi-drive NVMe array", "",
+          "The project's VM has one virtio disk of 1–5 GB/s, where every implementation waits on the disk and "
+          "the software's cost hides. An array of NVMe drives moves 10–50 GB/s, and there the cost per byte and "
+          "per request of the software above the drives decides the throughput. A zram device is a block "
+          "device in memory: the benchmark puts ext4 on it and runs the whole kernel stack above it, as on an "
+          "NVMe array (O_DIRECT through ext4's iomap direct I/O, page pinning, bios through the block layer's "
+          "submit path), and only the drive is replaced (zram takes bios itself: there is no blk-mq request queue "
+          "and no DMA, the copy is the CPU's). "
+          "Its pages are filled with one repeated byte (deepnvme and the stock op fill their tensors with 0x5A, "
+          "fio gets `--buffer_pattern=0x5a --scramble_buffers=0`), which zram stores as that value without "
+          "compressing anything, so a transfer costs a memset or a page-sized store, not a compressor. What "
+          "differs from NVMe: zram completes a bio synchronously in the submitting thread (no interrupt, no "
+          "device queue), so queue depth buys no device parallelism, and the cores that submit also do the "
+          "\"device's\" work. It bounds how much CPU the stack costs per byte, the quantity that limits a "
+          "fast array on a machine this size.", "",
+          "What bounds each target, with profiles: [history.md](history.md#2026-12-01-fast-device-tier-engine-per-file-small-ops).", "",
+          "tmpfs is the other case: a file system in the page cache, on which io_uring cannot run a read or "
+          "write without blocking and hands every request to a kernel worker thread; deepnvme runs such files "
+          "on its psync engine (`src/engine/choice.rs`). Its rows add deepnvme with io_uring forced "
+          "(`DEEPNVME_ENGINE=uring`) to show what that choice is worth.", "",
+          "| | |", "|---|---|",
+          f"| date | {m['date']} |",
+          f"| command | `{m['command']}` ({m['duration_s']:.0f} s, this tier) |",
+          f"| machine | {mach['nproc']} CPUs ({mach['cpu']}), {mach['memory']} memory, kernel {mach['kernel']} |",
+          f"| device | {mach['disk']} |",
+          f"| file system | {mach['filesystem']}; tmpfs rows: {m.get('tmpfs_filesystem') or '—'} |",
+          f"| load average | {m['load_before'][0]:.2f} at start, {m['load_after'][0]:.2f} at end (1 min) |",
+          f"| software | {mach['fio']}, torch {v['torch']}, deepspeed {v['deepspeed']}, deepnvme {v['deepnvme']} |",
+          f"| sizes | {show_size(m['size'])} per throughput run (the whole file), {show_size(m['op_bytes'])} per op/buffer, "
+          f"{m['small_seconds']:g} s per small-op run |",
+          f"| rounds | {m['rounds']} per cell, alternating order; each run after syncfs of the tier's file systems, drop_caches and a "
+          f"{m['pause_s']:g} s pause |", "",
+          "Method as in [README.md](README.md#method); fio also runs its libaio engine "
+          "(`--ioengine=libaio`, otherwise the same job). Ratios are median [min–max] of per-round ratios.", ""]
+
+    def table(cells, with_uring):
+        T = ["| cell | fio io_uring | fio libaio | stock | deepnvme |" + (" deepnvme io_uring forced |" if with_uring else "")
+             + " deepnvme/stock | deepnvme/fio io_uring | deepnvme/fio libaio | CPU s/GB fio / libaio / stock / deepnvme | CPU deepnvme/stock |",
+             "|---|---:|---:|---:|---:|" + ("---:|" if with_uring else "") + "---:|---:|---:|---:|---:|"]
+        for c in cells:
+            g, cp = c["gb_per_s"], c["cpu_s_per_gb"]
+
+            def gv(i):
+                return f"{med(g[i]):.3f}" if i in g else "—"
+
+            def cv(i):
+                return f"{med(cp[i]):.3f}" if i in cp else "—"
+            T.append(f"| {c['label']} | {gv('fio')} | {gv('fio-libaio')} | {gv('stock')} | **{gv('deepnvme')}** |"
+                     + (f" {gv('deepnvme-uring')} |" if with_uring else "")
+                     + f" {fmt_ratio(ratio_of(c, 'deepnvme', 'stock'))} | {fmt_ratio(ratio_of(c, 'deepnvme', 'fio'))} |"
+                     f" {fmt_ratio(ratio_of(c, 'deepnvme', 'fio-libaio'))} |"
+                     f" {cv('fio')} / {cv('fio-libaio')} / {cv('stock')} / {cv('deepnvme')} |"
+                     f" {fmt_ratio(ratio_of(c, 'deepnvme', 'stock', 'cpu_s_per_gb'))} |")
+        return T
+
+    # The targets, each as measured.
+    cells, tm = res["cells"], res.get("tmpfs", [])
+    locked = [c for c in cells if c["buffer"] == "locked"]
+
+    def worst(cs, a, b, key="gb_per_s", pick=min):
+        rs = [(ratio_of(c, a, b, key), c["label"]) for c in cs]
+        rs = [(r[0], lab) for r, lab in rs if r]
+        return pick(rs) if rs else (float("nan"), "—")
+
+    def verdict(ok):
+        return "**met**" if ok else "**not met**"
+    lk_min = worst(locked, "deepnvme", "stock")
+    all_min = worst(cells, "deepnvme", "stock")
+    cpu_max = worst(cells, "deepnvme", "stock", "cpu_s_per_gb", max)
+    tm_min = worst(tm, "deepnvme", "stock")
+    n15 = sum(1 for c in locked if (ratio_of(c, "deepnvme", "stock") or (0,))[0] >= 1.5)
+    pl = []
+    lmap = {(c["op"], c["bs"], c["qd"], c["par"]): c for c in locked}
+    for c in cells:
+        if c["buffer"] == "plain" and c["bs"] == MiB and c["qd"] == 32 and c["par"] == 2:
+            lc = lmap.get((c["op"], c["bs"], c["qd"], c["par"]))
+            if lc:
+                r = ratio_stats(c["gb_per_s"]["deepnvme"], lc["gb_per_s"]["deepnvme"])
+                if r:
+                    pl.append((r[0], c["label"]))
+    pl_min = min(pl) if pl else (float("nan"), "—")
+    L += ["## Targets", "",
+          "Medians of per-round ratios; the worst cell is named.", "",
+          "| target | measured | |", "|---|---|---|",
+          f"| locked cells ≥ 1.5x the stock op | {n15} of {len(locked)} cells; the lowest {lk_min[0]:.2f}x ({lk_min[1]}) | {verdict(n15 == len(locked))} |",
+          f"| no cell below 1.2x the stock op | lowest {all_min[0]:.2f}x ({all_min[1]}) | {verdict(all_min[0] >= 1.2)} |",
+          f"| CPU per GB ≤ 0.7x the stock op's | highest {cpu_max[0]:.2f}x ({cpu_max[1]}) | {verdict(cpu_max[0] <= 0.7)} |",
+          f"| tmpfs ≥ 1.0x the stock op | lowest {tm_min[0]:.2f}x ({tm_min[1]}) | {verdict(tm_min[0] >= 1.0) if tm else '—'} |",
+          f"| plain ≥ 0.8x locked at 1 MiB q32 p2 | lowest {pl_min[0]:.2f}x ({pl_min[1]}) | {verdict(pl_min[0] >= 0.8) if pl else '—'} |",
+          "", "## ext4 on zram", "", "![fast device](fast_device.png)", ""]
+    L += table(cells, False)
+    L += ["", f"Grid: {m['trimmed']}", ""]
+    L += plain_vs_locked(cells)
+    if tm:
+        L += ["## tmpfs", "",
+              "The same file laid out on a tmpfs; 'deepnvme io_uring forced' is deepnvme with "
+              "`DEEPNVME_ENGINE=uring` (every request through the kernel's io_uring worker threads).", ""]
+        L += table(tm, True)
+        L += [""]
+    L += ["## Small ops on ext4 on zram: `sync_pread` round trips per second", "",
+          "As in [README.md](README.md#small-ops-sync_pread-round-trips-per-second), on the zram file.", "",
+          "| op | fio psync qd1 | stock | deepnvme | deepnvme/stock | deepnvme/fio | CPU µs/op fio / stock / deepnvme |",
+          "|---|---:|---:|---:|---:|---:|---:|"]
+    for sm in res["small"]:
+        o, cp = sm["ops_per_s"], sm["cpu_us_per_op"]
+        L.append(f"| {show_size(sm['op_bytes'])} | {med(o['fio-psync']):.0f} | {med(o['stock']):.0f} | "
+                 f"**{med(o['deepnvme']):.0f}** | {fmt_ratio(ratio_stats(o['deepnvme'], o['stock']))} | "
+                 f"{fmt_ratio(ratio_stats(o['deepnvme'], o['fio-psync']))} | "
+                 f"{med(cp['fio-psync']):.1f} / {med(cp['stock']):.1f} / {med(cp['deepnvme']):.1f} |")
+    L += ["", "## Reproduce", "", "```sh",
+          "benches/run.sh --fast-device          # this tier only (root): zram + ext4 and a tmpfs, set up and torn down",
+          "benches/run.sh --fast-device --quick  # harness check",
+          "benches/run.sh                        # both tiers (this one where it can be set up)",
+          "```", ""]
+    with open(os.path.join(out, "fast_device.md"), "w") as f:
+        f.write("\n".join(L))
 
 
 def write_report(res, out):
@@ -572,6 +845,10 @@ def write_report(res, out):
     L.append("Cell: R/W, block size, queue depth q, intra_op_parallelism p, L locked / P plain; "
              "overlap_events on, single_submit off everywhere.")
     L.append("")
+    L.extend(plain_vs_locked(res["cells"]))
+    L.append("The fast-device tier (ext4 on zram, and tmpfs: the kernel's stack without a slow disk under it) "
+             "is in [fast_device.md](fast_device.md).")
+    L.append("")
     L.append("## Small ops: `sync_pread` round trips per second")
     L.append("")
     L.append("![small ops](small_ops.png)")
@@ -621,7 +898,8 @@ def write_report(res, out):
     L.append("benches/run.sh            # full run: 384 throughput runs, 24 small-op runs, is_managed; 7-9 min")
     L.append("                          # after setup; the first stock JIT build adds minutes")
     L.append("benches/run.sh --quick    # harness check: 24 + 6 runs, 2-3 min after setup")
-    L.append("benches/run.sh --help     # --rounds N, --size, --dir, --quick")
+    L.append("benches/run.sh --help     # --rounds N, --size, --dir, --quick, --fast-device, --no-fast-device")
+    L.append("                          # (as root, run.sh also runs the fast-device tier: fast_device.md)")
     L.append("```")
     L.append("")
     with open(os.path.join(out, "README.md"), "w") as f:

@@ -37,9 +37,25 @@ c10::Storage storage_of(const torch::Tensor& tensor) noexcept
 
 cpu_op_desc_t::cpu_op_desc_t(const torch::Tensor& buffer) : _buffer(buffer), _storage(storage_of(buffer)) {}
 
-std::size_t cpu_op_desc_t::data_address() const noexcept { return deepnvme::describe_tensor(_buffer).ptr; }
+// Asked once per op (has the storage moved?): the extent only, not a whole
+// description, whose is_pinned() is the costly part of a small op's call.
+std::size_t cpu_op_desc_t::data_address() const noexcept
+{
+    try {
+        return _buffer.defined() ? deepnvme::storage_address(_buffer) : 0;
+    } catch (const std::exception&) {
+        return 0;
+    }
+}
 
-std::size_t cpu_op_desc_t::data_bytes() const noexcept { return deepnvme::describe_tensor(_buffer).nbytes; }
+std::size_t cpu_op_desc_t::data_bytes() const noexcept
+{
+    try {
+        return _buffer.defined() ? _buffer.nbytes() : 0;
+    } catch (const std::exception&) {
+        return 0;
+    }
+}
 
 cpu_op_desc_t::~cpu_op_desc_t() = default;
 

@@ -32,13 +32,12 @@ ffi::TensorInfo describe_tensor(const torch::Tensor& tensor)
         info.device_index = tensor.device().has_index() ? tensor.device().index() : -1;
         info.contiguous = tensor.is_contiguous();
         if (tensor.has_storage() && !tensor.is_meta()) {
-            // From the storage rather than data_ptr(): torch answers nullptr
-            // for an empty tensor, which would hide a zero-element locked
-            // allocation from free() and is_managed().
-            const auto base = reinterpret_cast<std::size_t>(tensor.storage().data());
-            info.ptr = base == 0 ? 0 : base + tensor.storage_offset() * tensor.element_size();
+            info.ptr = storage_address(tensor);
             info.has_storage = true;
-            if (info.is_cpu) { info.torch_pinned = tensor.is_pinned(); }
+            // The pinned manager's memory is recognised by address (and torch
+            // calls it unpinned): is_pinned() is asked only of other memory,
+            // as it costs more than the rest of a small op's description.
+            if (info.is_cpu && !ffi::pinned_is_managed(info)) { info.torch_pinned = tensor.is_pinned(); }
         }
     } catch (const std::exception&) {
         // Fake and other storage-less tensors refuse data_ptr(): leave the

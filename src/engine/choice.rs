@@ -49,6 +49,29 @@ pub fn engine_for_file(asked: Option<EngineKind>, fd: RawFd) -> crate::Result<(E
     }
 }
 
+/// The parameters a psync run of `bytes` on such a file uses instead of
+/// `params`. There is no device queue to fill, only a copy: a write holds
+/// the file's inode lock for its whole copy, so a second writer thread only
+/// waits (one thread per worker, as the stock op's io_submit copies), and
+/// each request is a lock round trip, so a request is as large as the run
+/// allows; reads copy in parallel, a thread per core among the op's
+/// `workers` (more would only take turns), one request each.
+pub(crate) fn psync_params(direction: Direction, params: &AioParams, bytes: usize, workers: usize) -> AioParams {
+    let threads = match direction {
+        Direction::Write => 1,
+        Direction::Read => {
+            // (available_parallelism reads cgroup files: asked once.)
+            static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+            let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            params.queue_depth.clamp(1, (cores / workers.max(1)).max(1))
+        }
+    };
+    // Whole MiBs keep every request at the O_DIRECT alignment `params` had.
+    const GRAIN: usize = 1 << 20;
+    let block = bytes.div_ceil(threads).div_ceil(GRAIN).saturating_mul(GRAIN).min(1 << 30);
+    AioParams { queue_depth: threads, block_size: block.max(params.block_size), ..*params }
+}
+
 /// The rule, in one line (`deepnvme info`).
 pub const FILE_ENGINE_RULE: &str = "files on tmpfs and ramfs use the psync engine (io_uring could only hand their reads and \
                         writes to kernel worker threads); an engine chosen explicitly (DEEPNVME_ENGINE, \
@@ -56,6 +79,12 @@ pub const FILE_ENGINE_RULE: &str = "files on tmpfs and ramfs use the psync engin
 
 /// Says once per file system that its files run on psync.
 pub(crate) fn note_routed(fs: PuntingFs, path: Option<&Path>) {
+    // Every routed slice passes here: format nothing once it was said.
+    static SAID: [std::sync::atomic::AtomicBool; 2] =
+        [std::sync::atomic::AtomicBool::new(false), std::sync::atomic::AtomicBool::new(false)];
+    if SAID[fs as usize].swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     let file = path.map(|p| format!(" ({})", p.display())).unwrap_or_default();
     crate::log::info_once(
         &format!("file-engine-{}", fs.name()),

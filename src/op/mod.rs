@@ -290,12 +290,14 @@ impl CpuOp {
         if self.copied_out {
             return self.copy_error.take().map_or(Ok(()), Err);
         }
-        let what = self.what();
+        // Named only if a copy fails: formatting it costs more than a small op's copy.
+        let (direction, len, file_offset, file) = (self.plan.direction, self.len, self.file_offset, &self.file);
+        let what = || describe_op(direction, len, file_offset, file);
         let result = match &mut self.memory {
-            IoMemory::Bounce { buffer, skew, staging, host } if self.plan.direction == Direction::Read => {
-                let src = &buffer.slice(*skew + self.len)[*skew..];
+            IoMemory::Bounce { buffer, skew, staging, host } if direction == Direction::Read => {
+                let src = &buffer.slice(*skew + len)[*skew..];
                 match host {
-                    Some(caller) => caller.with_bytes(staging.as_ref(), 0, self.len, &|| what.clone(), |dst| {
+                    Some(caller) => caller.with_bytes(staging.as_ref(), 0, len, &what, |dst| {
                         // SAFETY: the caller's `len` bytes, held still (see caller.rs).
                         parallel_copy(unsafe { bytes_mut(dst, src.len()) }, src)
                     }),

@@ -86,21 +86,31 @@ impl OpPlan {
         if let Some(fs) = self.punting_fs {
             if let Some(for_fs) = engine.for_file_system(fs) {
                 crate::engine::choice::note_routed(fs, self.path.as_deref());
-                return self.run_slice_on(index, for_fs);
+                return self.run_slice_on(index, for_fs, true);
             }
         }
-        self.run_slice_on(index, engine)
+        self.run_slice_on(index, engine, false)
     }
 
-    fn run_slice_on(&self, index: usize, engine: &mut dyn Engine) -> std::result::Result<(), TransferError> {
+    /// `routed`: on the psync engine of a file io_uring punts for (its own parameters).
+    fn run_slice_on(&self, index: usize, engine: &mut dyn Engine, routed: bool) -> std::result::Result<(), TransferError> {
         let Some(slice) = self.slices.get(index) else { return Ok(()) };
         let attach = |e: TransferError| self.name_target(e);
         let memory = self.registrable.as_ref();
+        let params_for = |params: &AioParams, segments: &[Segment]| match routed {
+            true => {
+                let bytes = segments.iter().map(|s| s.len).sum();
+                crate::engine::choice::psync_params(self.direction, params, bytes, self.slices.len())
+            }
+            false => *params,
+        };
         if !slice.buffered.is_empty() {
-            engine.run_with(self.direction, &slice.buffered, &self.knobs, memory).map_err(attach)?;
+            let params = params_for(&self.knobs, &slice.buffered);
+            engine.run_with(self.direction, &slice.buffered, &params, memory).map_err(attach)?;
         }
         if !slice.direct.is_empty() {
-            engine.run_with(self.direction, &slice.direct, &self.direct_knobs, memory).map_err(attach)?;
+            let params = params_for(&self.direct_knobs, &slice.direct);
+            engine.run_with(self.direction, &slice.direct, &params, memory).map_err(attach)?;
         }
         Ok(())
     }

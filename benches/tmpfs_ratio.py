@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""deepnvme against DeepSpeed's stock async_io op on a tmpfs file, side by side.
+
+    python benches/tmpfs_ratio.py --dir /mnt/tmpfs [--rounds 8] [--size 512M]
+
+Locked tensors, 1 MiB blocks, queue depth 32, 128 MiB ops, write and read at
+intra_op_parallelism 1 and 2: the cells where deepnvme's engine per file
+(`src/engine/choice.rs`: psync for files on tmpfs) meets the stock op's
+libaio, whose io_submit does a tmpfs file's copies inline. Each
+implementation is a long-lived `benches/ds_worker.py` worker (run it with
+the venv's python, as `benches/run.sh` does); the order alternates every
+round, and every run follows a syncfs of the tmpfs, a drop of the page
+cache and a pause. Prints the median [min-max] of the per-round ratios of
+GB/s and of CPU seconds per GB.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run import MiB, Settle, Worker, fio_json, fmt_ratio, med, parse_size, ratio_stats  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", required=True, help="a directory on tmpfs")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--size", default="512M")
+    a = p.parse_args()
+    size = parse_size(a.size)
+    path = os.path.join(os.path.abspath(a.dir), "tmpfs-ratio.dat")
+    fio_json(["--name=layout", f"--filename={path}", "--direct=0", "--ioengine=psync", "--rw=write",
+              f"--size={size}", "--bs=1M"])
+    workers = {"stock": Worker("stock", sys.executable), "deepnvme": Worker("deepnvme", sys.executable)}
+    settle = Settle(0.3, [a.dir])
+    try:
+        for op in ("write", "read"):
+            for par in (1, 2):
+                gb = {k: [] for k in workers}
+                cpu = {k: [] for k in workers}
+                for r in range(a.rounds):
+                    for k in list(workers) if r % 2 == 0 else list(workers)[::-1]:
+                        settle()
+                        out = workers[k].run({"op": op, "file": path, "size": size, "op_bytes": 128 * MiB,
+                                              "block_size": MiB, "queue_depth": 32, "parallelism": par,
+                                              "overlap_events": 1, "single_submit": 0, "buffer": "locked"})
+                        gb[k].append(out["gb_per_s"])
+                        cpu[k].append(out["cpu_s_per_gb"])
+                print(f"tmpfs {op} p{par} locked: stock {med(gb['stock']):.2f}, deepnvme {med(gb['deepnvme']):.2f} GB/s; "
+                      f"deepnvme/stock {fmt_ratio(ratio_stats(gb['deepnvme'], gb['stock']))}, "
+                      f"CPU per GB {fmt_ratio(ratio_stats(cpu['deepnvme'], cpu['stock']))}", flush=True)
+    finally:
+        for w in workers.values():
+            w.close()
+        os.unlink(path)
+
+
+if __name__ == "__main__":
+    main()
