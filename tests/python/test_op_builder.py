@@ -173,12 +173,14 @@ def test_the_proposal_in_the_docs_is_the_one_tested():
 
 @pytest.mark.needs_compiled
 def test_ahead_of_time_build_into_a_deepspeed_copy_loads_without_jit(tmp_path):
-    # As DeepSpeed's setup.py does with DS_BUILD_AIO=1 etc.: each builder's
-    # builder() (a torch CppExtension named deepspeed.ops.*_op) built by the
-    # accelerator's BuildExtension, here with ninja (DS_ENABLE_NINJA=1) and
-    # a build folder kept in the venv. The modules go into a throwaway
-    # deepspeed copy whose builders are redirected to deepnvme's; there
-    # DeepSpeed's AsyncIOBuilder().load() imports them, compiling nothing.
+    # As DeepSpeed's setup.py does with DS_BUILD_AIO=1 DS_BUILD_PIN_MEMORY=1:
+    # the builder() (a torch CppExtension named deepspeed.ops.*_op) of each
+    # op of ALL_OPS whose BUILD_VAR is set and that is compatible, built by
+    # the accelerator's BuildExtension, here with ninja (DS_ENABLE_NINJA=1)
+    # and a build folder kept in the venv. ALL_OPS is a throwaway deepspeed
+    # copy's, its builders redirected to deepnvme's; the modules go into that
+    # copy, where DeepSpeed's AsyncIOBuilder().load() imports them, compiling
+    # nothing. (The CPU accelerator has no gds op; the JIT test builds gds.)
     site = tmp_path / "site"
     copy = make_copy(str(site))
     setup_py = tmp_path / "setup.py"
@@ -187,22 +189,22 @@ import os, sys
 from setuptools import setup
 from deepspeed.accelerator import get_accelerator
 from deepspeed.ops.op_builder.all_ops import ALL_OPS
-from deepnvme.op_builder import AsyncIOBuilder, GDSBuilder, PinMemoryBuilder
+from deepnvme.op_builder import AsyncIOBuilder, PinMemoryBuilder
+builders = [b for b in ALL_OPS.values() if int(os.environ.get(b.BUILD_VAR, "0")) and b.is_compatible(verbose=True)]
 # DeepSpeed's own list of builders is redirected to deepnvme's.
-assert type(ALL_OPS["async_io"]) is AsyncIOBuilder and type(ALL_OPS["pin_memory"]) is PinMemoryBuilder, ALL_OPS
-builders = [ALL_OPS["async_io"], ALL_OPS["pin_memory"], GDSBuilder()]
-assert all(b.is_compatible(verbose=True) for b in builders)
+assert sorted(type(b).__name__ for b in builders) == ["AsyncIOBuilder", "PinMemoryBuilder"], builders
+assert all(type(b) in (AsyncIOBuilder, PinMemoryBuilder) for b in builders), builders
 setup(name="deepnvme-aot-check", ext_modules=[b.builder() for b in builders],
       cmdclass={"build_ext": get_accelerator().build_extension().with_options(use_ninja=True)})
 """)
     lib = os.path.join(AOT_BUILD, "lib")
-    env = build_env(PYTHONPATH=str(site), DEEPNVME_DEEPSPEED_HOOK="0", DEEPNVME_GDS_CPU_ONLY="1",
+    env = build_env(PYTHONPATH=str(site), DEEPNVME_DEEPSPEED_HOOK="0", DS_BUILD_AIO="1", DS_BUILD_PIN_MEMORY="1",
                     MAX_JOBS=str(os.cpu_count() or 1))
     proc = subprocess.run([sys.executable, str(setup_py), "build_ext", "--build-lib", lib,
                            "--build-temp", os.path.join(AOT_BUILD, "temp")],
                           capture_output=True, text=True, timeout=3600, env=dict(os.environ, **env), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
-    for rel in ("ops/aio/async_io_op", "ops/pin_memory/pin_memory_op", "ops/gds/gds_op"):
+    for rel in ("ops/aio/async_io_op", "ops/pin_memory/pin_memory_op"):
         built = os.path.join(lib, "deepspeed", rel + sysconfig.get_config_var("EXT_SUFFIX"))
         assert os.path.isfile(built), built
         shutil.copy2(built, os.path.join(copy, os.path.dirname(rel)))
@@ -212,25 +214,24 @@ setup(name="deepnvme-aot-check", ext_modules=[b.builder() for b in builders],
     code = FACTS + ROUND_TRIP + r"""
 import torch, deepnvme
 from deepspeed.ops.op_builder import AsyncIOBuilder, PinMemoryBuilder
-from deepnvme.op_builder import GDSBuilder
 import deepnvme.frontend as pyo3
 import deepspeed
 assert deepspeed.__file__.startswith(COPY), deepspeed.__file__
 assert AsyncIOBuilder.__module__ == "deepnvme.op_builder", AsyncIOBuilder
-aio, pin, gds = AsyncIOBuilder().load(), PinMemoryBuilder().load(), GDSBuilder().load()
-for m in (aio, pin, gds):
+aio, pin = AsyncIOBuilder().load(), PinMemoryBuilder().load()
+for m in (aio, pin):
     assert m.__file__.startswith(COPY), m.__file__
 native = deepnvme.native()
 t = pin.pin_handle().new_cpu_locked_tensor(1 << 16, torch.empty(0, dtype=torch.uint8))
-g = gds.gds_handle(4096, 2, False, False, 1)
-assert pyo3.pin_handle().is_pinned(t) and g.is_pinned(t) and native.pinned_stats()[0] >= 1
+h = aio.aio_handle(4096, 2, False, False, 1)
+assert pyo3.pin_handle().is_pinned(t) and h.is_pinned(t) and native.pinned_stats()[0] >= 1
 round_trip(aio, t, os.path.join(COPY, "..", "aot.bin"))
 assert pyo3.pin_handle().free_cpu_locked_tensor(t) is True
 print(json.dumps({"cores": mapped("_native"), "built": os.listdir(os.environ["TORCH_EXTENSIONS_DIR"])}))
 print("AOT-OK")
 """.replace("COPY", repr(copy))
     proc = run_python(code, timeout=600, env=build_env(PYTHONPATH=str(site), DEEPNVME_DEEPSPEED_HOOK="0",
-                                                      DEEPNVME_GDS_CPU_ONLY="1", TORCH_EXTENSIONS_DIR=str(empty)))
+                                                      TORCH_EXTENSIONS_DIR=str(empty)))
     out = check(proc, "AOT-OK")
     assert out["cores"] == [os.path.join(deepnvme.library_dir(), NATIVE_FILE)], out
     assert out["built"] == [], f"something was JIT-built: {out['built']}"
