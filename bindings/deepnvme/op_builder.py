@@ -109,6 +109,9 @@ def _core_or_reason():
     except CoreUnavailable as error:
         return None, str(error)
     native = _installed_native()
+    if native is not None and ".abi3." not in os.path.basename(native):
+        return None, (f"this install's core ({native}) has no {_core_build.CORE_INFO} (an install older than "
+                      "deepnvme.op_builder); reinstall deepnvme (bindings/install.sh)")
     if native is not None:
         return None, (f"this install's core ({native}) is the abi3 wheel's, without the C++ bridge the compiled "
                       "ops link against, and linking another core would give the process two pinned-memory "
@@ -138,11 +141,11 @@ def core_location():
         _core = _prebuilt_core()
         return _core
     root = _checkout_root()
-    staticlib, cxx_include = _core_build.cargo_build(root, log=_quiet_log)
+    staticlib, cxx_include = _core_build.cargo_build(root, log=_log_stderr)
     digest = hashlib.sha256(Path(staticlib).read_bytes()).hexdigest()[:16]
     lib_dir = Path(_build_root()) / "deepnvme-core" / digest
     if not (lib_dir / _core_build.NATIVE_FILE).is_file():
-        _core_build.link_native(staticlib, lib_dir, lib_dir / "link", log=_quiet_log)
+        _core_build.link_native(staticlib, lib_dir, lib_dir / "link", log=_log_stderr)
     # The core the op links must be the one `import deepnvme._native` gives:
     # the package has none, so this one becomes it, loaded now.
     import deepnvme
@@ -156,7 +159,7 @@ def core_location():
     return _core
 
 
-def _quiet_log(msg):
+def _log_stderr(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -190,7 +193,7 @@ def _stage(op, core):
     in its folder: a quoted include searches the file's own folder first,
     and must find deepnvme's headers, not DeepSpeed's."""
     # The hash check is said once per op and process, as setup.py's build log does.
-    log = _quiet_log if op not in _announced else (lambda msg: None)
+    log = _log_stderr if op not in _announced else (lambda msg: None)
     _announced.add(op)
     name, binding = _binding_sources.checked_binding(op, log=log)
     files = {f"binding/{op}/{name}": binding, f"link/{op}.map": _version_script(op).encode()}

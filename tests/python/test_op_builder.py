@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import sysconfig
 
 import pytest
@@ -171,8 +172,19 @@ def test_the_proposal_in_the_docs_is_the_one_tested():
     assert PROPOSAL.format(cls="AsyncIOBuilder").strip() in doc
 
 
+@pytest.fixture
+def deepspeed_copy():
+    """A throwaway redirected copy of the installed deepspeed, in a temporary
+    folder outside the repository: (folder to put on PYTHONPATH, the copy)."""
+    site = tempfile.mkdtemp(prefix="deepnvme-deepspeed-copy-")
+    try:
+        yield site, make_copy(site)
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
+
+
 @pytest.mark.needs_compiled
-def test_ahead_of_time_build_into_a_deepspeed_copy_loads_without_jit(tmp_path):
+def test_ahead_of_time_build_into_a_deepspeed_copy_loads_without_jit(tmp_path, deepspeed_copy):
     # As DeepSpeed's setup.py does with DS_BUILD_AIO=1 DS_BUILD_PIN_MEMORY=1:
     # the builder() (a torch CppExtension named deepspeed.ops.*_op) of each
     # op of ALL_OPS whose BUILD_VAR is set and that is compatible, built by
@@ -181,8 +193,7 @@ def test_ahead_of_time_build_into_a_deepspeed_copy_loads_without_jit(tmp_path):
     # copy's, its builders redirected to deepnvme's; the modules go into that
     # copy, where DeepSpeed's AsyncIOBuilder().load() imports them, compiling
     # nothing. (The CPU accelerator has no gds op; the JIT test builds gds.)
-    site = tmp_path / "site"
-    copy = make_copy(str(site))
+    site, copy = deepspeed_copy
     setup_py = tmp_path / "setup.py"
     setup_py.write_text(r"""
 import os, sys
@@ -198,7 +209,7 @@ setup(name="deepnvme-aot-check", ext_modules=[b.builder() for b in builders],
       cmdclass={"build_ext": get_accelerator().build_extension().with_options(use_ninja=True)})
 """)
     lib = os.path.join(AOT_BUILD, "lib")
-    env = build_env(PYTHONPATH=str(site), DEEPNVME_DEEPSPEED_HOOK="0", DS_BUILD_AIO="1", DS_BUILD_PIN_MEMORY="1",
+    env = build_env(PYTHONPATH=site, DEEPNVME_DEEPSPEED_HOOK="0", DS_BUILD_AIO="1", DS_BUILD_PIN_MEMORY="1",
                     MAX_JOBS=str(os.cpu_count() or 1))
     proc = subprocess.run([sys.executable, str(setup_py), "build_ext", "--build-lib", lib,
                            "--build-temp", os.path.join(AOT_BUILD, "temp")],
@@ -225,12 +236,12 @@ native = deepnvme.native()
 t = pin.pin_handle().new_cpu_locked_tensor(1 << 16, torch.empty(0, dtype=torch.uint8))
 h = aio.aio_handle(4096, 2, False, False, 1)
 assert pyo3.pin_handle().is_pinned(t) and h.is_pinned(t) and native.pinned_stats()[0] >= 1
-round_trip(aio, t, os.path.join(COPY, "..", "aot.bin"))
+round_trip(aio, t, os.path.join(TMP, "aot.bin"))
 assert pyo3.pin_handle().free_cpu_locked_tensor(t) is True
 print(json.dumps({"cores": mapped("_native"), "built": os.listdir(os.environ["TORCH_EXTENSIONS_DIR"])}))
 print("AOT-OK")
-""".replace("COPY", repr(copy))
-    proc = run_python(code, timeout=600, env=build_env(PYTHONPATH=str(site), DEEPNVME_DEEPSPEED_HOOK="0",
+""".replace("COPY", repr(copy)).replace("TMP", repr(str(tmp_path)))
+    proc = run_python(code, timeout=600, env=build_env(PYTHONPATH=site, DEEPNVME_DEEPSPEED_HOOK="0",
                                                       TORCH_EXTENSIONS_DIR=str(empty)))
     out = check(proc, "AOT-OK")
     assert out["cores"] == [os.path.join(deepnvme.library_dir(), NATIVE_FILE)], out
