@@ -7,7 +7,8 @@ stock op, side by side with `deepnvme bench` on the same file system.
             the venv's deepnvme-torch-extensions, shared with the tests);
   deepnvme  the same ds_io command with the hook on: deepnvme's async_io;
   cli       `deepnvme bench` with the same size, block size, queue depth and
-            parallelism (locked memory only: it has no unpinned mode).
+            parallelism (locked memory only: it has no unpinned mode), reading
+            ds_io's read file and writing a file removed first, as ds_io does.
 
 Each round runs every implementation once per (memory, direction), in the
 listed order on odd rounds and reversed on even rounds, with sync, a page
@@ -61,7 +62,11 @@ def ds_io(a, impl, memory, op, folder):
 
 
 def cli(a, op, folder):
-    path = os.path.join(folder, "_deepnvme_bench.dat")
+    # The files ds_io uses: its read file (made once by dd), and for writes a
+    # file removed first, as ds_io removes its own (a write then allocates).
+    path = os.path.join(folder, f"_aio_read_{a.size}.pt.0_0" if op == "read" else "_deepnvme_bench_write.dat")
+    if op == "write" and os.path.exists(path):
+        os.remove(path)
     cmd = [a.cli, "bench", "--file", path, "--keep", "--size", str(a.size), "--buffer-size", str(a.size),
            "--block-size", str(a.block_size), "--queue-depth", str(a.queue_depth), "--parallelism", str(a.parallelism),
            "--overlap-events=true", "--no-single-submit", "-n", str(a.loops),
@@ -136,7 +141,8 @@ def main():
            f"ds_io `--io_size {a.size >> 20}M --block_size {a.block_size >> 10}K --queue_depth {a.queue_depth} "
            f"--io_parallel {a.parallelism} --loops {a.loops} --warmup_loops 1` (`--read` for reads; "
            "`--use_accelerator_pin_memory` for plain, unpinned tensors), a fresh process per run; "
-           f"`deepnvme bench` with the same size, block size, queue depth and parallelism, `-n {a.loops}`. "
+           f"`deepnvme bench` with the same size, block size, queue depth and parallelism, `-n {a.loops}`, "
+           "reading ds_io's read file and writing a file removed first (as ds_io removes its own). "
            f"{a.rounds} rounds, the order reversed every other round, sync + page-cache drop + pause before each run. "
            "GB/s = 10^9 bytes/s (ds_io's GiB/s converted). Ratios: median [min–max] of the per-round ratios.", "",
            "| cell | stock GB/s | deepnvme GB/s | cli GB/s | deepnvme/stock | deepnvme/cli |",
