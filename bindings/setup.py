@@ -29,15 +29,16 @@ would download a second torch just to compile against). Steps:
    (deepnvme.include_dir(), deepnvme.library_dir()).
 5. A .pth file makes DeepSpeed's own op builders return these modules
    (see deepnvme/_deepspeed_hook.py); no DeepSpeed file is edited.
+6. For deepnvme.op_builder (DeepSpeed-style builders that compile the ops
+   against the running torch, JIT or ahead of time, and link this _native):
+   cpp/src as deepnvme/csrc, the cxx bridge headers as
+   deepnvme/include/cxxbridge, and their hash in deepnvme/_core.json.
 """
 
 import json
 import os
-import re
-import struct
-import subprocess
+import shutil
 import sys
-import sysconfig
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -49,9 +50,11 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from deepnvme._binding_sources import stage_binding_sources  # noqa: E402
+from deepnvme._core_build import (  # noqa: E402
+    BRIDGE_HEADER, CORE_INFO, NATIVE_FILE, NATIVE_LIBRARIES, bridge_sha256, cargo_build, core_link_args,
+    write_version_script,
+)
 
-EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
-NATIVE_FILE = "_native" + EXT_SUFFIX
 # The torch glue: a plain shared library in the package folder (no PyInit).
 GLUE_EXT = "deepnvme._torch_glue"
 GLUE_FILE = "libdeepnvme_torch.so"
@@ -67,117 +70,6 @@ HOOK_PTH = "deepnvme-deepspeed.pth"
 
 def log(msg):
     print(msg, flush=True)
-
-
-# A machine without Rust (e.g. a GPU box that cannot reach crates.io) can use
-# a core built elsewhere for the same architecture: a folder holding
-# libdeepnvme.a and cxxbridge/include (see tests/gpu/stage-core.sh).
-PREBUILT_CORE_ENV = "DEEPNVME_PREBUILT_CORE"
-
-
-def cargo_build():
-    """Builds the Rust static library; returns (path to .a, cxx include dir)."""
-    prebuilt = os.environ.get(PREBUILT_CORE_ENV)
-    if prebuilt:
-        staticlib = Path(prebuilt) / "libdeepnvme.a"
-        include = Path(prebuilt) / "cxxbridge" / "include"
-        if not staticlib.is_file() or not (include / "deepnvme" / "src" / "ffi.rs.h").is_file():
-            raise RuntimeError(f"deepnvme: {PREBUILT_CORE_ENV}={prebuilt} lacks libdeepnvme.a or cxxbridge/include")
-        log(f"deepnvme: using the prebuilt Rust core in {prebuilt}")
-        return str(staticlib), str(include)
-    env = dict(os.environ)
-    env.setdefault("PYO3_PYTHON", sys.executable)
-    cmd = [
-        "cargo", "rustc", "--release", "--lib",
-        "--manifest-path", str(ROOT / "Cargo.toml"),
-        "--features", "python,ffi",
-        "--crate-type", "staticlib",
-        "--message-format", "json-render-diagnostics",
-    ]
-    log("deepnvme: " + " ".join(cmd))
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"deepnvme: cargo failed with exit code {proc.returncode}")
-    staticlib = None
-    out_dir = None
-    for line in proc.stdout.splitlines():
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        pkg = msg.get("package_id", "")
-        if "deepnvme" not in pkg:
-            continue
-        if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "deepnvme":
-            for f in msg.get("filenames", []):
-                if f.endswith(".a"):
-                    staticlib = f
-        elif msg.get("reason") == "build-script-executed":
-            out_dir = msg.get("out_dir")
-    if staticlib is None or out_dir is None:
-        raise RuntimeError("deepnvme: cargo did not report the static library or the cxx bridge headers")
-    include = Path(out_dir) / "cxxbridge" / "include"
-    log(f"deepnvme: Rust core {staticlib}; cxx headers {include}")
-    return staticlib, str(include)
-
-
-def archive_symbols(path):
-    """The global symbols an ar archive defines, read from its symbol index
-    (GNU "/" or "/SYM64/" member): no binutils needed."""
-    with open(path, "rb") as f:
-        if f.read(8) != b"!<arch>\n":
-            raise RuntimeError(f"deepnvme: {path} is not an ar archive")
-        header = f.read(60)
-        name = header[:16].decode().strip()
-        size = int(header[48:58].decode().strip())
-        if name not in ("/", "/SYM64/"):
-            raise RuntimeError(f"deepnvme: {path} has no symbol index (run ranlib)")
-        data = f.read(size)
-    width = 8 if name == "/SYM64/" else 4
-    count = struct.unpack(">Q" if width == 8 else ">I", data[:width])[0]
-    names = data[width * (count + 1):].split(b"\0")[:count]
-    return {n.decode() for n in names}
-
-
-# The C++ symbols of the cxx bridge (deepnvme::ffi::*, the functions Rust
-# implements) and of cxx's runtime (rust::cxxbridge1::*: Box, Slice, Error, ...),
-# including their vtables and typeinfo; not Rust's own legacy-mangled
-# symbols (which end in a 17h<hash>E).
-CORE_CXX_SYMBOL = re.compile(r"^_Z(?:T[VIS])?NK?(?:4rust10cxxbridge1|8deepnvme3ffi)")
-RUST_HASH = re.compile(r"17h[0-9a-f]{16}E")
-
-
-def core_exports(staticlib):
-    """What _native exports: PyInit__native for Python, and the bridge's C++
-    side for the torch glue. Everything else (Rust, the extern "C" shims
-    between the two halves of the bridge) stays local."""
-    symbols = sorted(
-        s for s in archive_symbols(staticlib) if CORE_CXX_SYMBOL.match(s) and not RUST_HASH.search(s)
-    )
-    if not any(s.startswith("_ZN8deepnvme3ffi") for s in symbols):
-        raise RuntimeError(f"deepnvme: {staticlib} holds no cxx bridge (deepnvme::ffi); was it built with --features python,ffi?")
-    return ["PyInit__native"] + symbols
-
-
-def write_version_script(build_temp, name, globals_text):
-    path = Path(build_temp) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("{\n  global:\n" + globals_text + "  local: *;\n};\n")
-    return str(path)
-
-
-def core_link_args(build_temp, staticlib):
-    """_native: exactly the listed symbols exported (each also forced in from
-    the archive, which has no other root), bound to themselves."""
-    exports = core_exports(staticlib)
-    script = write_version_script(build_temp, "deepnvme_native.map", "".join(f"    {s};\n" for s in exports))
-    return [
-        f"-Wl,-soname,{NATIVE_FILE}",
-        *(f"-Wl,--undefined={s}" for s in exports),
-        f"-Wl,--version-script={script}",
-        "-Wl,-Bsymbolic",
-        "-Wl,-z,now",
-    ]
 
 
 def glue_version_script(build_temp):
@@ -215,7 +107,7 @@ def make_extensions():
         name="deepnvme._native",
         sources=[],
         language="c++",
-        libraries=["pthread", "dl", "rt", "m", "util"],
+        libraries=NATIVE_LIBRARIES,
     )
     pin = CppExtension(
         name=PIN_EXT,
@@ -260,9 +152,10 @@ def build_ext_class():
             return super().get_ext_filename(fullname)
 
         def build_extensions(self):
-            staticlib, cxx_include = cargo_build()
+            staticlib, cxx_include = cargo_build(ROOT, log=log)
             staged = stage_binding_sources(Path(self.build_temp) / "deepspeed-bindings", log=log)
             native_dir = str(Path(self.get_ext_fullpath("deepnvme._native")).parent)
+            ship_bridge_headers(cxx_include, Path(native_dir))
             for ext in self.extensions:
                 if ext.name == "deepnvme._native":
                     ext.extra_objects = [staticlib]
@@ -318,10 +211,27 @@ def build_ext_class():
     return BuildDeepNVMe
 
 
+def ship_bridge_headers(cxx_include, package_dir):
+    """The cxx bridge's headers as deepnvme/include/cxxbridge, and their hash
+    in deepnvme/_core.json: what deepnvme.op_builder compiles the shims
+    against to link this _native (the bridge is this core's C++ ABI)."""
+    dest = package_dir / "include" / "cxxbridge"
+    if dest.exists():
+        shutil.rmtree(dest)
+    # cxx-build's include tree is made of symlinks; the package must hold files.
+    for rel in (BRIDGE_HEADER, Path("rust") / "cxx.h"):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(cxx_include) / rel, dest / rel)
+    info = {"native": NATIVE_FILE, "bridge_sha256": bridge_sha256(dest)}
+    (package_dir / CORE_INFO).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+    log(f"deepnvme: shipped the bridge headers ({info['bridge_sha256'][:12]}) for deepnvme.op_builder")
+
+
 class BuildPyWithHook(build_py):
     """Also installs the .pth that hooks DeepSpeed's op builders, at the root
-    of site-packages (where Python reads .pth files), and cpp/include as
-    deepnvme/include (deepnvme.include_dir(), for third-party C++)."""
+    of site-packages (where Python reads .pth files), cpp/include as
+    deepnvme/include (deepnvme.include_dir(), for third-party C++) and the
+    torch shims cpp/src as deepnvme/csrc (deepnvme.op_builder's sources)."""
 
     def run(self):
         super().run()
@@ -331,6 +241,11 @@ class BuildPyWithHook(build_py):
         include.mkdir(parents=True, exist_ok=True)
         for header in sorted((ROOT / "cpp" / "include").glob("*.h")):
             (include / header.name).write_text(header.read_text())
+        csrc = Path(self.build_lib) / "deepnvme" / "csrc"
+        csrc.mkdir(parents=True, exist_ok=True)
+        for shim in sorted((ROOT / "cpp" / "src").iterdir()):
+            if shim.suffix in (".cc", ".h"):
+                (csrc / shim.name).write_text(shim.read_text())
         write_build_info(Path(self.build_lib) / "deepnvme" / "_build_info.json")
 
 

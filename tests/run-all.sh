@@ -61,6 +61,8 @@ fi
 if [ -n "${DEEPSPEED_TESTS_DIR:-}" ]; then
     say "DeepSpeed's own tests from $DEEPSPEED_TESTS_DIR"
     "$ROOT/tests/deepspeed-suite.sh" "$DEEPSPEED_TESTS_DIR"
+    say "DeepSpeed's own tests with its builders redirected to deepnvme.op_builder"
+    "$ROOT/tests/deepspeed-suite.sh" "$DEEPSPEED_TESTS_DIR" builders
 fi
 
 say "all tests passed"

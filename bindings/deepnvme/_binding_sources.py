@@ -43,31 +43,37 @@ def sha256_of(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def checked_binding(op, log=print):
+    """(file name, bytes) of op's binding file in the installed deepspeed,
+    after checking its hash (DEEPNVME_ACCEPT_BINDING_HASHES=1: warn instead)."""
+    rel, expected = BINDING_FILES[op]
+    src = deepspeed_csrc() / rel
+    if not src.is_file():
+        raise RuntimeError(f"deepnvme: {src} is missing from the installed deepspeed")
+    data = src.read_bytes()
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        msg = (f"deepnvme: {src} has sha256 {actual}, but this build was written against {expected} "
+               f"(deepspeed 0.19.8)")
+        if os.environ.get(ACCEPT_ENV, "") != "1":
+            raise RuntimeError(msg + f"; set {ACCEPT_ENV}=1 to try it anyway")
+        log(msg + f"; building anyway because {ACCEPT_ENV}=1")
+    else:
+        log(f"deepnvme: binding file {rel} sha256 {actual} matches deepspeed 0.19.8; compiled unchanged")
+    return Path(rel).name, data
+
+
 def stage_binding_sources(dest_dir, log=print):
     """Copies each binding file into dest_dir/<op>/ after checking its hash.
     Returns {op: copied path}."""
-    csrc = deepspeed_csrc()
-    accept_other = os.environ.get(ACCEPT_ENV, "") == "1"
     staged = {}
-    for op, (rel, expected) in BINDING_FILES.items():
-        src = csrc / rel
-        if not src.is_file():
-            raise RuntimeError(f"deepnvme: {src} is missing from the installed deepspeed")
-        data = src.read_bytes()
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != expected:
-            msg = (f"deepnvme: {src} has sha256 {actual}, but this build was written against {expected} "
-                   f"(deepspeed 0.19.8)")
-            if not accept_other:
-                raise RuntimeError(msg + f"; set {ACCEPT_ENV}=1 to try it anyway")
-            log(msg + f"; building anyway because {ACCEPT_ENV}=1")
-        else:
-            log(f"deepnvme: binding file {rel} sha256 {actual} matches deepspeed 0.19.8; compiled unchanged")
+    for op in BINDING_FILES:
+        name, data = checked_binding(op, log=log)
         out_dir = Path(dest_dir) / op
         out_dir.mkdir(parents=True, exist_ok=True)
-        out = out_dir / Path(rel).name
+        out = out_dir / name
         out.write_bytes(data)
-        if sha256_of(out) != actual:
-            raise RuntimeError(f"deepnvme: copy of {src} to {out} is not byte-for-byte identical")
+        if sha256_of(out) != hashlib.sha256(data).hexdigest():
+            raise RuntimeError(f"deepnvme: copy of {name} to {out} is not byte-for-byte identical")
         staged[op] = out
     return staged

@@ -82,6 +82,8 @@ def _pin_memory_load_for_stock_ops(cls):
 
 
 def _patch_builder_class(cls):
+    if cls.__module__ == "deepnvme.op_builder":
+        return  # deepnvme's own builders build the op; nothing to redirect
     name = cls.__dict__.get("NAME")
     if name not in ("async_io", "pin_memory", "gds") or name not in _selected_ops():
         return
