@@ -35,6 +35,7 @@ would download a second torch just to compile against). Steps:
    deepnvme/include/cxxbridge, and their hash in deepnvme/_core.json.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -47,13 +48,25 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 
-from deepnvme._binding_sources import stage_binding_sources  # noqa: E402
-from deepnvme._core_build import (  # noqa: E402
-    BRIDGE_HEADER, CORE_INFO, NATIVE_FILE, NATIVE_LIBRARIES, bridge_sha256, cargo_build, core_link_args,
-    write_version_script,
-)
+
+def _build_module(name):
+    """One of this checkout's build helpers (standalone modules), loaded by
+    path: `import deepnvme` here would find the installed package instead,
+    which the .pth hook has already imported when this is an upgrade."""
+    spec = importlib.util.spec_from_file_location(f"_deepnvme_setup_{name}", HERE / "deepnvme" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+stage_binding_sources = _build_module("_binding_sources").stage_binding_sources
+_core_build = _build_module("_core_build")
+BRIDGE_HEADER, CORE_INFO, NATIVE_FILE, NATIVE_LIBRARIES = (
+    _core_build.BRIDGE_HEADER, _core_build.CORE_INFO, _core_build.NATIVE_FILE, _core_build.NATIVE_LIBRARIES)
+bridge_sha256, cargo_build, core_link_args, write_version_script = (
+    _core_build.bridge_sha256, _core_build.cargo_build, _core_build.core_link_args, _core_build.write_version_script)
 
 # The torch glue: a plain shared library in the package folder (no PyInit).
 GLUE_EXT = "deepnvme._torch_glue"
