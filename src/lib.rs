@@ -36,8 +36,9 @@
 //! * [`knobs`]: every default, limit and environment variable, in one place.
 //! * `buffer`: the caller's memory ([`BufferDesc`], built only through an
 //!   `unsafe` constructor that states its contract), the front ends'
-//!   [`Staging`] (their copies and their hold on the caller's memory), and
-//!   [`IoBuffer`] for memory an async op owns.
+//!   [`Staging`] (their copies and their hold on the caller's memory),
+//!   `HostMemcpy` (the one memcpy of contiguous host memory, which their
+//!   memcpy fallbacks share), and [`IoBuffer`] for memory an async op owns.
 //! * `op/caller.rs`: **the ownership rule** for caller memory, in one place:
 //!   I/O goes directly only into memory that cannot move; every copy to or
 //!   from movable memory runs inside the front end's hold (the GIL), on the
