@@ -75,6 +75,9 @@
 //! * `sync`, `fork`: the crate's locks (std's, with parking_lot's API), and
 //!   the `fork()` handlers that make every process-wide lock safe for a
 //!   child and leave no registered memory for the kernel to copy into it.
+//! * `threads`: how the core starts its threads (names, start failures as
+//!   errors, what a thread's owner does in a child of `fork()`), and the
+//!   list of them.
 //! * `ffi` (feature `ffi`): the one cxx bridge to the C++ shims in `cpp/`:
 //!   conversion and error mapping only.
 //! * `python` (feature `python`): the pyo3 module `deepnvme._native`.
@@ -93,6 +96,7 @@ mod log;
 mod op;
 mod host_copy;
 mod sync;
+mod threads;
 
 pub mod deepspeed;
 pub mod gds;
