@@ -41,8 +41,8 @@
 //! An idle long-lived thread waits on a `std::sync` lock (through
 //! `sync.rs`), never parking_lot's: a child inherits parking_lot's table of
 //! parked threads, entries for threads it does not have (see `sync.rs`).
-//! Nothing here takes a lock, so starting a thread never waits for the fork
-//! handlers (`fork.rs`) and has no hook there.
+//! Starting a thread takes none of the crate's locks, so it never waits for
+//! the fork handlers (`fork.rs`) and has no hook there.
 
 use std::thread::{JoinHandle, Scope, ScopedJoinHandle};
 
