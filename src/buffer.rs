@@ -8,8 +8,14 @@
 //! an async op). Safe entry points ([`crate::IoHandle::read_into`],
 //! [`crate::IoHandle::submit_read`], ...) build descriptions from borrowed or
 //! owned memory, where the borrow checker or ownership keeps that promise.
+//!
+//! `HostMemcpy` is the one memcpy between contiguous host memory and a
+//! bounce buffer, with its safety argument (that contract); every front
+//! end's memcpy fallback copies through it. When a copy may run is the
+//! ownership rule's (`op/caller.rs`).
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::host_copy::parallel_copy;
 
 /// Where a buffer's bytes live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,31 +139,85 @@ pub trait Staging: Send {
     }
 }
 
-/// Memory that stays put while the op runs (`from_raw_parts`' contract):
-/// the core copies it directly, and there is nothing to hold.
-pub(crate) struct FixedMemory {
+/// The one memcpy between contiguous host memory a [`BufferDesc`]
+/// describes and a bounce buffer: `min(desc.len(), bounce.len())` bytes,
+/// with the bounce path's parallel streaming copy
+/// ([`crate::host_copy`]'s `parallel_copy`: several threads when large).
+/// Every `Staging` whose fallback is a plain memcpy copies through it:
+/// memory that stays put (no front end, [`BufferDesc::from_raw_parts`]'
+/// contract: this type is then the op's whole `Staging`), an owned buffer
+/// (`handle/owned.rs`), a Python object without a copier
+/// (`python/buffer.rs`). Torch tensors are copied by torch (`ffi.rs`).
+///
+/// When it may copy is the ownership rule's business, not this type's
+/// (`op/caller.rs`, the ownership rule): the core's own copies of caller
+/// memory go through `CallerMemory`, inside the front end's hold; a
+/// `HostMemcpy` copies wherever its owner calls it, so an owner whose memory
+/// can move calls it inside its [`Staging::hold_still`] (as
+/// `python/buffer.rs` does).
+///
+/// # Why the copies are sound
+/// Written once, for both directions: a `BufferDesc` is made only by
+/// [`BufferDesc::from_raw_parts`], whose contract is that its `len` bytes
+/// stay valid, and nobody else's, until the op given it has finished; a
+/// `HostMemcpy` belongs to that op's `Staging` (it is made for it, and
+/// kept nowhere else), so it lives no longer than the op and copies only
+/// when that `Staging`'s holder, one thread at a time, calls it; `new`
+/// checked that the bytes are contiguous host memory; a copy covers at most
+/// `len` bytes, and never more than the bounce buffer holds; the bounce
+/// buffer is the core's own allocation, so it never overlaps them. An empty
+/// copy makes no slice (an empty buffer's pointer may be null).
+pub(crate) struct HostMemcpy {
     desc: BufferDesc,
 }
 
-impl FixedMemory {
-    /// `desc` must be contiguous host memory (its contract covers the copies).
-    pub(crate) fn new(desc: BufferDesc) -> Option<FixedMemory> {
-        (desc.is_host() && desc.contiguous).then_some(FixedMemory { desc })
+impl HostMemcpy {
+    /// The copier of `desc`'s bytes; `None` unless they are contiguous host
+    /// memory.
+    pub(crate) fn new(desc: BufferDesc) -> Option<HostMemcpy> {
+        (desc.is_host() && desc.contiguous).then_some(HostMemcpy { desc })
+    }
+
+    /// As [`HostMemcpy::new`], with the error of a copy that cannot be
+    /// made by memcpy.
+    pub(crate) fn of(desc: BufferDesc) -> Result<HostMemcpy> {
+        HostMemcpy::new(desc).ok_or_else(|| Error::Copy("no copier for device or strided memory".into()))
+    }
+
+    /// Caller's bytes -> `bounce`; returns the bytes copied.
+    pub(crate) fn bytes_to_bounce(&self, bounce: &mut [u8]) -> usize {
+        let n = self.desc.len.min(bounce.len());
+        if n > 0 {
+            // SAFETY: the caller's first `n` bytes, read while nothing else
+            // writes them (see "Why the copies are sound" on the type).
+            let src = unsafe { std::slice::from_raw_parts(self.desc.ptr, n) };
+            parallel_copy(&mut bounce[..n], src);
+        }
+        n
+    }
+
+    /// `bounce` -> caller's bytes; returns the bytes copied.
+    pub(crate) fn bytes_from_bounce(&self, bounce: &[u8]) -> usize {
+        let n = self.desc.len.min(bounce.len());
+        if n > 0 {
+            // SAFETY: the caller's first `n` bytes, written while nothing
+            // else reads or writes them (see "Why the copies are sound").
+            let dst = unsafe { std::slice::from_raw_parts_mut(self.desc.ptr, n) };
+            parallel_copy(dst, &bounce[..n]);
+        }
+        n
     }
 }
 
-impl Staging for FixedMemory {
+/// Memory that stays put while the op runs (`from_raw_parts`' contract):
+/// the core copies it directly, and there is nothing to hold.
+impl Staging for HostMemcpy {
     fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> Result<()> {
-        let n = self.desc.len.min(bounce.len());
-        // SAFETY: `from_raw_parts`' contract: the memory is valid and ours
-        // until the op finishes; the bounce buffer holds at least `n` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(self.desc.ptr, bounce.as_mut_ptr(), n) };
+        self.bytes_to_bounce(bounce);
         Ok(())
     }
     fn copy_from_bounce(&mut self, bounce: &[u8]) -> Result<()> {
-        let n = self.desc.len.min(bounce.len());
-        // SAFETY: as above.
-        unsafe { std::ptr::copy_nonoverlapping(bounce.as_ptr(), self.desc.ptr, n) };
+        self.bytes_from_bounce(bounce);
         Ok(())
     }
 }
@@ -187,5 +247,63 @@ unsafe impl IoBuffer for Box<[u8]> {
     fn io_desc(&mut self) -> BufferDesc {
         // SAFETY: the op owns the box until it finishes.
         unsafe { BufferDesc::from_raw_parts(self.as_mut_ptr(), self.len()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8).collect()
+    }
+
+    /// Both directions copy `min(described, bounce)` bytes and touch nothing
+    /// past either end, at odd lengths, with a bounce buffer shorter than,
+    /// as long as and longer than the description; large enough for the
+    /// streaming stores and for the parallel copy's threads.
+    #[test]
+    fn host_memcpy_copies_the_shorter_of_description_and_bounce() {
+        let big = (16 << 20) + 4099; // several copy threads (8 MiB each)
+        for (described, bounce_len) in
+            [(0, 5), (1, 0), (1, 1), (7, 3), (3, 7), (4097, 4096), (65_537, 131_075), (200_003, 65_539), (big, big - 1)]
+        {
+            // One allocation with guard bytes either side of the described range.
+            let mut caller = pattern(described + 34, 1);
+            let original = caller.clone();
+            // SAFETY: `caller` outlives the copier and is used only through it meanwhile.
+            let desc = unsafe { BufferDesc::from_raw_parts(caller.as_mut_ptr().add(17), described) };
+            let memcpy = HostMemcpy::new(desc).expect("contiguous host memory");
+            let n = described.min(bounce_len);
+
+            let mut bounce = vec![0xEEu8; bounce_len + 8];
+            assert_eq!(memcpy.bytes_to_bounce(&mut bounce[..bounce_len]), n, "{described} {bounce_len}");
+            assert_eq!(&bounce[..n], &original[17..17 + n], "{described} {bounce_len}: bytes in");
+            assert!(bounce[n..].iter().all(|&b| b == 0xEE), "{described} {bounce_len}: nothing past n in the bounce");
+
+            let incoming = pattern(bounce_len, 99);
+            assert_eq!(memcpy.bytes_from_bounce(&incoming), n, "{described} {bounce_len}");
+            assert_eq!(&caller[17..17 + n], &incoming[..n], "{described} {bounce_len}: bytes out");
+            assert_eq!(&caller[17 + n..], &original[17 + n..], "{described} {bounce_len}: nothing past n");
+            assert_eq!(&caller[..17], &original[..17], "{described} {bounce_len}: nothing before the start");
+        }
+    }
+
+    /// Device or strided memory has no memcpy; an empty description (whose
+    /// pointer may be null) copies nothing and makes no slice.
+    #[test]
+    fn host_memcpy_is_only_for_contiguous_host_memory() {
+        // SAFETY: never dereferenced (refused, or empty).
+        let null = unsafe { BufferDesc::from_raw_parts(std::ptr::null_mut(), 0) };
+        assert!(HostMemcpy::new(null.located(Location::Cuda(0))).is_none());
+        assert!(HostMemcpy::new(null.located(Location::OtherDevice)).is_none());
+        assert!(HostMemcpy::new(null.contiguous(false)).is_none());
+        assert!(matches!(HostMemcpy::of(null.contiguous(false)), Err(Error::Copy(_))));
+        let empty = HostMemcpy::of(null).expect("empty host memory");
+        assert_eq!(empty.bytes_to_bounce(&mut [0u8; 4]), 0);
+        assert_eq!(empty.bytes_from_bounce(&[1u8; 4]), 0);
+        let mut staging: Box<dyn Staging> = Box::new(empty);
+        staging.copy_to_bounce(&mut [0u8; 4]).unwrap();
+        staging.copy_from_bounce(&[1u8; 4]).unwrap();
     }
 }

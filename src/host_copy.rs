@@ -1,5 +1,10 @@
 //! Host memory copies of the bounce path: streaming (non-temporal) stores
-//! for large copies, and several threads for very large ones.
+//! for large copies, and several threads for very large ones (scoped
+//! threads, started through `threads.rs`; a part whose thread cannot start
+//! is copied by the calling thread).
+
+use crate::sync::Mutex;
+use crate::threads::{self, Role};
 
 /// Copies below this size use plain stores: the bytes may still be in the
 /// cache, and may be wanted there.
@@ -61,19 +66,33 @@ fn copy_threads(bytes: usize) -> usize {
 }
 
 /// Runs `copy` on every part, the first on the calling thread and the
-/// others on scoped threads of their own.
+/// others on scoped threads of their own ([`Role::Copy`]). A part whose
+/// thread cannot be started is copied on the calling thread instead.
 fn copy_parts<P: Send>(parts: impl IntoIterator<Item = P>, copy: impl Fn(P) + Sync) {
     let mut parts = parts.into_iter().peekable();
     let Some(first) = parts.next() else { return };
     if parts.peek().is_none() {
         return copy(first); // one part: no thread
     }
+    // Each other part waits in a slot for its thread, or for this one when
+    // that thread could not be started (spawning consumed the closure).
+    let others: Vec<Mutex<Option<P>>> = parts.map(|p| Mutex::new(Some(p))).collect();
+    let copy_slot = |slot: &Mutex<Option<P>>| {
+        let part = slot.lock().take();
+        if let Some(part) = part {
+            copy(part);
+        }
+    };
     std::thread::scope(|s| {
-        for part in parts {
-            let copy = &copy;
-            s.spawn(move || copy(part));
+        let copy_slot = &copy_slot;
+        let mut unstarted = Vec::new();
+        for (i, slot) in others.iter().enumerate() {
+            if threads::spawn_scoped(s, Role::Copy, i + 1, move || copy_slot(slot)).is_err() {
+                unstarted.push(slot);
+            }
         }
         copy(first);
+        unstarted.into_iter().for_each(copy_slot);
     });
 }
 

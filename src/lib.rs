@@ -36,8 +36,9 @@
 //! * [`knobs`]: every default, limit and environment variable, in one place.
 //! * `buffer`: the caller's memory ([`BufferDesc`], built only through an
 //!   `unsafe` constructor that states its contract), the front ends'
-//!   [`Staging`] (their copies and their hold on the caller's memory), and
-//!   [`IoBuffer`] for memory an async op owns.
+//!   [`Staging`] (their copies and their hold on the caller's memory),
+//!   `HostMemcpy` (the one memcpy of contiguous host memory, which their
+//!   memcpy fallbacks share), and [`IoBuffer`] for memory an async op owns.
 //! * `op/caller.rs`: **the ownership rule** for caller memory, in one place:
 //!   I/O goes directly only into memory that cannot move; every copy to or
 //!   from movable memory runs inside the front end's hold (the GIL), on the
@@ -74,6 +75,9 @@
 //! * `sync`, `fork`: the crate's locks (std's, with parking_lot's API), and
 //!   the `fork()` handlers that make every process-wide lock safe for a
 //!   child and leave no registered memory for the kernel to copy into it.
+//! * `threads`: how the core starts its threads (names, start failures as
+//!   errors, what a thread's owner does in a child of `fork()`), and the
+//!   list of them.
 //! * `ffi` (feature `ffi`): the one cxx bridge to the C++ shims in `cpp/`:
 //!   conversion and error mapping only.
 //! * `python` (feature `python`): the pyo3 module `deepnvme._native`.
@@ -92,6 +96,7 @@ mod log;
 mod op;
 mod host_copy;
 mod sync;
+mod threads;
 
 pub mod deepspeed;
 pub mod gds;

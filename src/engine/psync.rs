@@ -7,7 +7,8 @@
 //! a single piece, or a depth of one, stays on the calling thread. The
 //! `single_submit` and `overlap_events` knobs have no meaning here: every
 //! piece is its own syscall, and each thread takes the next piece as soon as
-//! it finishes one.
+//! it finishes one. Helpers (`deepnvme-psync-N`) are started through
+//! `threads.rs`; one that cannot be started is one fewer.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -18,6 +19,7 @@ use crate::sync::{Condvar, Mutex};
 use super::contract::{AioParams, Engine, EngineKind};
 use super::piece::{move_piece_blocking, pieces, Piece, Segment};
 use crate::error::{Direction, TransferError};
+use crate::threads::{self, Role};
 
 /// More threads than this per worker buys nothing on NVMe.
 pub const MAX_THREADS: usize = 16;
@@ -79,27 +81,26 @@ impl Pool {
         let threads = (0..count)
             .filter_map(|i| {
                 let rx = rx.clone();
-                std::thread::Builder::new()
-                    .name(format!("deepnvme-psync-{i}"))
-                    .spawn(move || loop {
-                        let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                        let Ok(run) = next else { return };
-                        // Whatever happens, the run must hear that this helper is done.
-                        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.work())).is_err() {
-                            run.failed.store(true, Ordering::Relaxed);
-                            run.first_error.lock().get_or_insert(TransferError {
-                                direction: run.direction,
-                                path: None,
-                                fd: run.pieces.first().map(|p| p.fd).unwrap_or(-1),
-                                file_offset: run.pieces.first().map(|p| p.file_offset).unwrap_or(0),
-                                len: 0,
-                                errno: libc::EIO,
-                                detail: Some("internal error (panic) in a psync thread".into()),
-                            });
-                        }
-                        run.helper_finished();
-                    })
-                    .ok()
+                // A helper that cannot be started is one fewer: runs go on
+                // with the others (at worst on the calling thread alone).
+                threads::spawn(Role::Psync, i, move || loop {
+                    let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    let Ok(run) = next else { return };
+                    // Whatever happens, the run must hear that this helper is done.
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.work())).is_err() {
+                        run.failed.store(true, Ordering::Relaxed);
+                        run.first_error.lock().get_or_insert(TransferError {
+                            direction: run.direction,
+                            path: None,
+                            fd: run.pieces.first().map(|p| p.fd).unwrap_or(-1),
+                            file_offset: run.pieces.first().map(|p| p.file_offset).unwrap_or(0),
+                            len: 0,
+                            errno: libc::EIO,
+                            detail: Some("internal error (panic) in a psync thread".into()),
+                        });
+                    }
+                    run.helper_finished();
+                }).ok()
             })
             .collect();
         Pool { runs: Some(tx), threads }

@@ -7,8 +7,10 @@
 //! `cuFileRead`/`cuFileWrite`), up to
 //! [`crate::knobs::GDS_MAX_PIECE_THREADS`]; past that, pieces wait for a
 //! thread. A forked child gets a fresh pool (the parent's threads do
-//! not exist in it). When no thread can be started, a piece runs on the
-//! calling thread.
+//! not exist in it: the pool records where it started them, `threads.rs`'s
+//! `StartedIn`). When no thread can be started, a piece runs on the
+//! calling thread. Threads are started (and named `deepnvme-gds-N`) by
+//! `threads.rs`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,12 +20,13 @@ use std::sync::Arc;
 use crate::sync::Mutex;
 
 use crate::error::panic_text;
+use crate::threads::{self, Role, StartedIn};
 
 
 type Task = Box<dyn FnOnce() + Send + 'static>;
 
 struct Pool {
-    pid: u32,
+    started_in: StartedIn,
     tasks: mpsc::Sender<Task>,
     queue: Arc<Mutex<mpsc::Receiver<Task>>>,
     threads: usize,
@@ -36,7 +39,7 @@ static POOL: Mutex<Option<Pool>> = Mutex::new(None);
 impl Pool {
     fn new() -> Pool {
         let (tasks, queue) = mpsc::channel();
-        Pool { pid: std::process::id(), tasks, queue: Arc::new(Mutex::new(queue)), threads: 0, busy: Arc::default() }
+        Pool { started_in: StartedIn::here(), tasks, queue: Arc::new(Mutex::new(queue)), threads: 0, busy: Arc::default() }
     }
 
     /// Starts threads until `wanted` tasks can run at once (within the cap);
@@ -44,14 +47,13 @@ impl Pool {
     fn grow_to(&mut self, wanted: usize) -> bool {
         while self.threads < wanted.min(crate::knobs::GDS_MAX_PIECE_THREADS) {
             let (queue, busy) = (self.queue.clone(), self.busy.clone());
-            let spawned =
-                std::thread::Builder::new().name(format!("deepnvme-gds-{}", self.threads)).spawn(move || loop {
-                    let task = queue.lock().recv();
-                    let Ok(task) = task else { return };
-                    // Tasks catch their own panics; this only keeps the thread.
-                    let _ = catch_unwind(AssertUnwindSafe(task));
-                    busy.fetch_sub(1, Ordering::AcqRel);
-                });
+            let spawned = threads::spawn(Role::GdsPiece, self.threads, move || loop {
+                let task = queue.lock().recv();
+                let Ok(task) = task else { return };
+                // Tasks catch their own panics; this only keeps the thread.
+                let _ = catch_unwind(AssertUnwindSafe(task));
+                busy.fetch_sub(1, Ordering::AcqRel);
+            });
             if spawned.is_err() {
                 break;
             }
@@ -72,7 +74,7 @@ pub(crate) fn run_all<T: Send + 'static>(tasks: Vec<PieceTask<T>>) -> Vec<Result
     let mut inline = Vec::new();
     {
         let mut slot = POOL.lock();
-        if slot.as_ref().is_none_or(|p| p.pid != std::process::id()) {
+        if slot.as_ref().is_none_or(|p| !p.started_in.is_here()) {
             // First use, or a forked child: the old pool's threads are not here.
             *slot = Some(Pool::new());
         }

@@ -1,5 +1,6 @@
 //! [`IoHandle`]: its parts, its construction and drop, and the Rust API
-//! (borrowed and owned buffers, statistics, GDS registration).
+//! (borrowed and owned buffers, statistics, GDS registration). Its workers
+//! (`deepnvme-io-N`) are started through `threads.rs`.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -27,6 +28,7 @@ use crate::op::work::OpMeta;
 use crate::op::OpRequest;
 use crate::pinned::PinnedMemoryManager;
 use crate::stats::{self, Counters, OpRecord, Stats};
+use crate::threads::{self, Role};
 
 /// A DeepNVMe I/O handle: `deepspeed_io_handle_t`, or with
 /// [`IoHandle::new_gds`], `deepspeed_gds_handle_t`.
@@ -159,10 +161,9 @@ impl IoHandle {
             let tally = stream_tally.clone();
             let ready = ready_tx.clone();
             let worker_route = route.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("deepnvme-io-{index}"))
-                .spawn(move || worker_loop(engine_kind, worker_route, qd, rx, tally, ready))
-                .map_err(|e| Error::Engine(format!("spawning I/O worker {index}: {e}")))?;
+            let thread = threads::spawn(Role::IoWorker, index, move || {
+                worker_loop(engine_kind, worker_route, qd, rx, tally, ready)
+            })?;
             let tx = Arc::new(tx);
             if engine_kind == EngineKind::Uring {
                 let listener: Arc<dyn RetireListener> = tx.clone();

@@ -1,5 +1,6 @@
 //! Ops on the calling thread: DeepSpeed's `read`/`write`, small
-//! blocking ops, and one-shot transfers without a handle.
+//! blocking ops, and one-shot transfers without a handle (on the calling
+//! thread's own engine, made afresh in a child of `fork()`: see `threads.rs`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use crate::op::work::{OpCompletion, OpFootprint, OpWork};
 use crate::op::{CpuOp, Mode, OpRequest, Prepared};
 use crate::pinned::PinnedMemoryManager;
 use crate::stats::{self, OpRecord};
+use crate::threads::StartedIn;
 
 impl IoHandle {
     /// `read`/`write`: one synchronous, unsplit transfer on the calling
@@ -184,7 +186,7 @@ pub(super) fn run_guarded(work: &dyn OpWork, engine: &mut dyn Engine) -> Result<
 /// whether it follows files, queue depth, engine). A different kind or depth replaces it; so does a fork
 /// (the child's thread would share the parent's ring: it is leaked, never
 /// used, never torn down in the child).
-pub(super) type ThreadEngine = Option<(u32, (EngineKind, bool), usize, Box<dyn Engine>)>;
+pub(super) type ThreadEngine = Option<(StartedIn, (EngineKind, bool), usize, Box<dyn Engine>)>;
 
 thread_local! {
     static THREAD_ENGINE: std::cell::RefCell<ThreadEngine> = const { std::cell::RefCell::new(None) };
@@ -196,20 +198,19 @@ pub(super) fn with_thread_engine<T>(
     queue_depth: usize,
     f: impl FnOnce(&mut dyn Engine) -> T,
 ) -> T {
-    let pid = std::process::id();
     THREAD_ENGINE.with(|cell| {
         let mut slot = cell.borrow_mut();
         let kind_key = (kind, follows_files);
-        let reusable = matches!(&*slot, Some((p, k, q, e)) if *p == pid && *k == kind_key && *q == queue_depth && !e.is_broken());
+        let reusable = matches!(&*slot, Some((p, k, q, e)) if p.is_here() && *k == kind_key && *q == queue_depth && !e.is_broken());
         if !reusable {
             if let Some((p, _, _, engine)) = slot.take() {
-                if p != pid {
+                if !p.is_here() {
                     std::mem::forget(engine);
                 }
             }
             let route = crate::engine::choice::EngineRoute { follows_files, counters: None };
             let engine = worker_engine(kind, queue_depth, Submitter::AnyThread, &route);
-            *slot = Some((pid, kind_key, queue_depth, engine));
+            *slot = Some((StartedIn::here(), kind_key, queue_depth, engine));
         }
         let (_, _, _, engine) = slot.as_mut().expect("thread engine");
         f(engine.as_mut())

@@ -1,11 +1,13 @@
 //! The Rust API's owned buffers: an async op owns its buffer until it is
-//! finished, then [`Pending`] gives it back.
+//! finished, then [`Pending`] gives it back. Its bounce copies are
+//! `buffer.rs`'s `HostMemcpy` (an owned buffer is host memory that cannot
+//! move while the op owns it).
 
 use std::sync::Arc;
 
 use crate::sync::Mutex;
 
-use crate::buffer::{BufferDesc, IoBuffer, Staging};
+use crate::buffer::{BufferDesc, HostMemcpy, IoBuffer, Staging};
 use crate::error::Result;
 
 /// An async op's buffer, handed back once the op is finished.
@@ -48,16 +50,14 @@ pub(super) struct OwnedStaging<B: IoBuffer> {
 }
 
 impl<B: IoBuffer> Staging for OwnedStaging<B> {
+    // The op owns the buffer, whose memory `desc` describes: it cannot move,
+    // and nothing else can reach it (`HostMemcpy`'s argument).
     fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> Result<()> {
-        let n = self.desc.len().min(bounce.len());
-        // SAFETY: the op owns the buffer, whose memory `desc` describes.
-        unsafe { std::ptr::copy_nonoverlapping(self.desc.ptr(), bounce.as_mut_ptr(), n) };
+        HostMemcpy::of(self.desc)?.bytes_to_bounce(bounce);
         Ok(())
     }
     fn copy_from_bounce(&mut self, bounce: &[u8]) -> Result<()> {
-        let n = self.desc.len().min(bounce.len());
-        // SAFETY: as above; nothing else can reach the buffer now.
-        unsafe { std::ptr::copy_nonoverlapping(bounce.as_ptr(), self.desc.ptr(), n) };
+        HostMemcpy::of(self.desc)?.bytes_from_bounce(bounce);
         Ok(())
     }
 }

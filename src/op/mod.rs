@@ -28,7 +28,7 @@ pub(crate) mod work;
 use std::sync::Arc;
 
 use crate::bounce::{BounceBuffer, Purpose};
-use crate::buffer::{BufferDesc, FixedMemory, Staging};
+use crate::buffer::{BufferDesc, HostMemcpy, Staging};
 use crate::engine::AioParams;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{FileTarget, OpenFile};
@@ -179,7 +179,7 @@ impl CpuOp {
         } else {
             let mut staging: Box<dyn Staging> = match staging {
                 Some(s) => s,
-                None => match FixedMemory::new(buffer) {
+                None => match HostMemcpy::new(buffer) {
                     Some(s) => Box::new(s),
                     None => {
                         return Err(Error::InvalidArgument(

@@ -4,7 +4,10 @@
 //! What an object is (torch tensor, numpy array, buffer-protocol object) is
 //! asked in Python, by `deepnvme._objects.describe`, through the objects'
 //! Python interfaces only (no torch, numpy or buffer API is linked: the
-//! module is abi3). This file turns its answer into the core's types.
+//! module is abi3). This file turns its answer into the core's types. An
+//! object without a copier is copied by `buffer.rs`'s `HostMemcpy`, under
+//! the ownership rule (`op/caller.rs`: inside the hold, after the extent
+//! check).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -15,9 +18,10 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyString};
 
-use crate::buffer::{BufferDesc, Location, Staging};
+use crate::buffer::{BufferDesc, HostMemcpy, Location, Staging};
 use crate::deepspeed::TensorDesc;
 use crate::error::{Error, Result};
+use crate::op::caller::CallerMemory;
 
 /// A core error as Python sees it (pybind11 turns the compiled modules'
 /// errors into `RuntimeError` too).
@@ -67,9 +71,9 @@ pub(crate) struct Described {
 }
 
 /// The op's hold on the caller's object (and on its buffer export), and the
-/// way to copy it to and from a bounce buffer: memcpy for contiguous host
-/// memory, else the object's own copy (`copy_`, `numpy.copyto`), called
-/// with the GIL.
+/// way to copy it to and from a bounce buffer: the object's own copy
+/// (`copy_`, `numpy.copyto`), called with the GIL, else for contiguous host
+/// memory `buffer.rs`'s `HostMemcpy`, inside the hold.
 pub(crate) struct PyStaging {
     _hold: Py<PyAny>,
     copier: Option<Py<PyAny>>,
@@ -78,6 +82,8 @@ pub(crate) struct PyStaging {
     /// cannot move while `_hold` lives (a held buffer export, a numpy array).
     extent: Option<Py<PyAny>>,
     desc: BufferDesc,
+    /// `desc`'s memcpy, when it is contiguous host memory.
+    memcpy: Option<HostMemcpy>,
 }
 
 impl PyStaging {
@@ -92,12 +98,15 @@ impl PyStaging {
         .unwrap_or_else(|| Err(Error::Copy("the Python interpreter is shutting down".into())))
     }
 
-    fn memcpy_ok(&self) -> Result<()> {
-        if self.desc.is_host() && self.desc.is_contiguous() {
-            Ok(())
-        } else {
-            Err(Error::Copy("no copier for device or strided memory".into()))
-        }
+    /// The memcpy fallback (no copier: contiguous host memory), run as the
+    /// ownership rule says (`op/caller.rs`): through `CallerMemory`, inside
+    /// this object's hold (the GIL) after checking the bytes are still where
+    /// they were given.
+    fn memcpy_held(&self, copy: impl FnOnce(&HostMemcpy) -> usize) -> Result<()> {
+        let memcpy = self.memcpy.as_ref().ok_or_else(|| Error::Copy("no copier for device or strided memory".into()))?;
+        let caller = CallerMemory { addr: self.desc.ptr() as usize, len: self.desc.len() };
+        let what = || format!("a copy of {} bytes of a Python object without a copier", self.desc.len());
+        caller.with_bytes(self, 0, self.desc.len(), &what, |_| copy(memcpy)).map(drop)
     }
 }
 
@@ -125,13 +134,7 @@ impl Staging for PyStaging {
         let n = bounce.len().min(self.desc.len());
         match &self.copier {
             Some(c) => self.call(c, "to_bounce", bounce.as_ptr(), n),
-            None => {
-                self.memcpy_ok()?;
-                // SAFETY: `describe`'s contract: `desc` is contiguous host
-                // memory kept alive by `_hold` until the op is finished.
-                unsafe { std::ptr::copy_nonoverlapping(self.desc.ptr(), bounce.as_mut_ptr(), n) };
-                Ok(())
-            }
+            None => self.memcpy_held(|memcpy| memcpy.bytes_to_bounce(bounce)),
         }
     }
 
@@ -139,12 +142,7 @@ impl Staging for PyStaging {
         let n = bounce.len().min(self.desc.len());
         match &self.copier {
             Some(c) => self.call(c, "from_bounce", bounce.as_ptr(), n),
-            None => {
-                self.memcpy_ok()?;
-                // SAFETY: as above.
-                unsafe { std::ptr::copy_nonoverlapping(bounce.as_ptr(), self.desc.ptr(), n) };
-                Ok(())
-            }
+            None => self.memcpy_held(|memcpy| memcpy.bytes_from_bounce(bounce)),
         }
     }
 }
@@ -200,7 +198,7 @@ pub(crate) fn describe(py: Python<'_>, obj: &Bound<'_, PyAny>, into: bool, what:
         .contiguous(contiguous)
         .pinned(location == Location::Host && pinned);
     let tensor = TensorDesc { buffer: desc, has_storage, element_size, dim0 };
-    Ok(Described { tensor, staging: PyStaging { _hold: hold, copier, extent, desc } })
+    Ok(Described { tensor, staging: PyStaging { _hold: hold, copier, extent, desc, memcpy: HostMemcpy::new(desc) } })
 }
 
 /// A file name as DeepSpeed's bindings take it (`const char*`: str or bytes).

@@ -1,0 +1,160 @@
+//! How the core starts its threads: every production thread is started
+//! here, named `deepnvme-<role>-<index>`, and a thread that cannot be
+//! started is the crate's [`Error`] (never a panic, never an `unwrap`); the
+//! owner decides what that means (fail the call, or do the work on fewer
+//! threads). Test code may spawn as it likes.
+//!
+//! # The core's threads
+//!
+//! | role | name | started by | lives | when one cannot be started |
+//! |---|---|---|---|---|
+//! | [`Role::IoWorker`] | `deepnvme-io-N` | `handle/api.rs`, one per `intra_op_parallelism` | the handle | the handle is not made |
+//! | [`Role::Psync`] | `deepnvme-psync-N` | `engine/psync.rs`, on a psync engine's first run of several pieces | the engine | the engine runs with the helpers it has (at worst none: the calling thread alone) |
+//! | [`Role::GdsPiece`] | `deepnvme-gds-N` | `gds/piece_pool.rs`, grown to the pieces in flight | the process | the pool stops growing; with no thread at all, pieces run on the calling thread |
+//! | [`Role::Copy`] | `deepnvme-copy-N` | `host_copy.rs`, scoped, for one large copy | that copy | the calling thread copies that part itself |
+//!
+//! These are three kinds of lifetime (a handle's, an engine's, the
+//! process's) and one scoped use; they stay separate pools on purpose.
+//! Folding them into one would change who runs what (a handle's workers own
+//! their engines and rings; a psync run waits for exactly its helpers; GDS
+//! pieces must all run at once), which this module does not do: it owns how
+//! a thread is started, not what it runs.
+//!
+//! # Threads and `fork()`
+//!
+//! A child made by `fork()` has one thread, the one that forked: none of
+//! the threads above exist in it. So every owner of long-lived threads
+//! records the process that started them ([`StartedIn`]) and, in a child,
+//! never waits for or joins them (that would wait forever) and never hands
+//! them work:
+//! * a handle refuses every call in a child and leaks its workers when
+//!   dropped there (`IoHandle::check_process`, its `Drop`; it keeps the pid
+//!   as `creator_pid`, for its error message);
+//! * a psync engine's helpers belong to its handle, refused as above; the
+//!   calling thread's one-shot engine is leaked and made afresh in a child
+//!   (`handle/calling_thread.rs`);
+//! * the GDS piece pool is replaced by a fresh one in a child
+//!   (`gds/piece_pool.rs`);
+//! * scoped copy threads are joined before their copy returns: a fork never
+//!   finds one that a later call could wait for.
+//!
+//! An idle long-lived thread waits on a `std::sync` lock (through
+//! `sync.rs`), never parking_lot's: a child inherits parking_lot's table of
+//! parked threads, entries for threads it does not have (see `sync.rs`).
+//! Starting a thread takes none of the crate's locks, so it never waits for
+//! the fork handlers (`fork.rs`) and has no hook there.
+
+use std::thread::{JoinHandle, Scope, ScopedJoinHandle};
+
+use crate::error::{Error, Result};
+
+/// What a thread of the core is for (see the table in the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A handle's I/O worker (`handle/workers.rs`).
+    IoWorker,
+    /// A psync engine's helper (`engine/psync.rs`).
+    Psync,
+    /// A thread of the GDS piece pool (`gds/piece_pool.rs`).
+    GdsPiece,
+    /// A scoped thread of one large host copy (`host_copy.rs`).
+    Copy,
+}
+
+impl Role {
+    /// The part of the thread's name after `deepnvme-`.
+    fn tag(self) -> &'static str {
+        match self {
+            Role::IoWorker => "io",
+            Role::Psync => "psync",
+            Role::GdsPiece => "gds",
+            Role::Copy => "copy",
+        }
+    }
+
+    /// The role in an error message.
+    fn what(self) -> &'static str {
+        match self {
+            Role::IoWorker => "I/O worker",
+            Role::Psync => "psync helper",
+            Role::GdsPiece => "GDS piece thread",
+            Role::Copy => "copy thread",
+        }
+    }
+}
+
+/// The name of thread `index` of `role`: `deepnvme-io-0`, ...
+pub(crate) fn name(role: Role, index: usize) -> String {
+    format!("deepnvme-{}-{index}", role.tag())
+}
+
+fn start_error(role: Role, index: usize, e: std::io::Error) -> Error {
+    Error::Engine(format!("starting {} {index} (thread {}): {e}", role.what(), name(role, index)))
+}
+
+/// Starts thread `index` of `role`, running `body`.
+pub(crate) fn spawn<T, F>(role: Role, index: usize, body: F) -> Result<JoinHandle<T>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    std::thread::Builder::new().name(name(role, index)).spawn(body).map_err(|e| start_error(role, index, e))
+}
+
+/// Starts thread `index` of `role` in `scope` (joined when the scope ends).
+pub(crate) fn spawn_scoped<'scope, 'env, T, F>(
+    scope: &'scope Scope<'scope, 'env>,
+    role: Role,
+    index: usize,
+    body: F,
+) -> Result<ScopedJoinHandle<'scope, T>>
+where
+    T: Send + 'scope,
+    F: FnOnce() -> T + Send + 'scope,
+{
+    std::thread::Builder::new().name(name(role, index)).spawn_scoped(scope, body).map_err(|e| start_error(role, index, e))
+}
+
+/// The process a set of threads was started in (see "Threads and `fork()`"
+/// above): in any other process, a child of `fork()`, they do not exist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StartedIn(u32);
+
+impl StartedIn {
+    /// This process.
+    pub(crate) fn here() -> StartedIn {
+        StartedIn(std::process::id())
+    }
+
+    /// True in the process that started the threads; false in a child.
+    pub(crate) fn is_here(self) -> bool {
+        self.0 == std::process::id()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_are_named_by_role_and_index() {
+        let t = spawn(Role::Psync, 3, || std::thread::current().name().map(str::to_owned)).unwrap();
+        assert_eq!(t.join().unwrap().as_deref(), Some("deepnvme-psync-3"));
+        let names: Vec<String> = std::thread::scope(|s| {
+            let t = spawn_scoped(s, Role::Copy, 1, || std::thread::current().name().map(str::to_owned)).unwrap();
+            vec![t.join().unwrap().unwrap_or_default()]
+        });
+        assert_eq!(names, ["deepnvme-copy-1"]);
+        assert_eq!(name(Role::IoWorker, 0), "deepnvme-io-0");
+        assert_eq!(name(Role::GdsPiece, 7), "deepnvme-gds-7");
+        assert!(StartedIn::here().is_here());
+        assert!(!StartedIn(0).is_here(), "pid 0 is never a user process");
+    }
+
+    #[test]
+    fn a_thread_that_cannot_start_is_an_error_naming_it() {
+        let e = start_error(Role::IoWorker, 2, std::io::Error::from_raw_os_error(libc::EAGAIN));
+        let text = e.to_string();
+        assert!(text.contains("I/O worker 2") && text.contains("deepnvme-io-2"), "{text}");
+    }
+}
