@@ -40,7 +40,8 @@ use plan::{plan_op, OpPlan};
 use window::WindowedOp;
 use work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
 
-/// A request to move one buffer.
+/// A request to move one buffer, as DeepSpeed's calls make it (an `i64`
+/// offset, a front end's staging, `validate`): what [`crate::deepspeed::calls`] take.
 pub struct OpRequest<'a> {
     pub direction: Direction,
     pub target: FileTarget<'a>,
