@@ -14,7 +14,8 @@
 //!   before the first write, and **the elapsed-time line** `read`/`write`
 //!   print on stdout.
 //! * **Module functions**: one-shot `aio_read`/`aio_write`, the checked
-//!   `deepspeed_memcpy`, and the pinned manager's entry points.
+//!   `deepspeed_memcpy`, the pinned manager's entry points, and
+//!   `handle_config` (`aio_handle`'s C `int` values checked into a `HandleConfig`).
 //! * **[`calls`]**: DeepSpeed's handle calls on a core `IoHandle`
 //!   (`pread`/`pwrite` with an `i64` offset and an `async` flag, whole
 //!   requests, polling waits, `read`/`write`), with the core's errors. They
@@ -124,6 +125,20 @@ impl<'a> Request<'a> {
             validate: self.validate,
         })
     }
+}
+
+/// The config of `aio_handle(block_size, queue_depth, single_submit,
+/// overlap_events, intra_op_parallelism)` from DeepSpeed's values (C
+/// `int`s): a value that cannot work (not positive, above a limit) is an
+/// `InvalidArgument` now rather than a misbehaving handle later.
+pub fn handle_config(
+    block_size: i64,
+    queue_depth: i64,
+    single_submit: bool,
+    overlap_events: bool,
+    intra_op_parallelism: i64,
+) -> Result<HandleConfig> {
+    HandleConfig::from_deepspeed(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)
 }
 
 /// `deepspeed_io_handle_t` (aio) or `deepspeed_gds_handle_t` as DeepSpeed's
