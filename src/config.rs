@@ -39,8 +39,9 @@ impl Default for HandleConfig {
 
 impl HandleConfig {
     /// Builds a config from the values DeepSpeed passes (C `int`s), refusing
-    /// the ones that cannot work instead of misbehaving later.
-    pub fn from_deepspeed(
+    /// the ones that cannot work instead of misbehaving later. DeepSpeed-
+    /// shaped, so crate-internal: [`crate::deepspeed::handle_config`] is its door.
+    pub(crate) fn from_deepspeed(
         block_size: i64,
         queue_depth: i64,
         single_submit: bool,

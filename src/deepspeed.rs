@@ -14,7 +14,12 @@
 //!   before the first write, and **the elapsed-time line** `read`/`write`
 //!   print on stdout.
 //! * **Module functions**: one-shot `aio_read`/`aio_write`, the checked
-//!   `deepspeed_memcpy`, and the pinned manager's entry points.
+//!   `deepspeed_memcpy`, the pinned manager's entry points, and
+//!   `handle_config` (`aio_handle`'s C `int` values checked into a `HandleConfig`).
+//! * **[`calls`]**: DeepSpeed's handle calls on a core `IoHandle`
+//!   (`pread`/`pwrite` with an `i64` offset and an `async` flag, whole
+//!   requests, polling waits, `read`/`write`), with the core's errors. They
+//!   are the only public way to them: `IoHandle`'s own API is Rust-shaped.
 //!
 //! Nothing here panics into a caller: front ends call these under their own
 //! `catch_unwind`, and these never unwind on their own.
@@ -120,6 +125,20 @@ impl<'a> Request<'a> {
             validate: self.validate,
         })
     }
+}
+
+/// The config of `aio_handle(block_size, queue_depth, single_submit,
+/// overlap_events, intra_op_parallelism)` from DeepSpeed's values (C
+/// `int`s): a value that cannot work (not positive, above a limit) is an
+/// `InvalidArgument` now rather than a misbehaving handle later.
+pub fn handle_config(
+    block_size: i64,
+    queue_depth: i64,
+    single_submit: bool,
+    overlap_events: bool,
+    intra_op_parallelism: i64,
+) -> Result<HandleConfig> {
+    HandleConfig::from_deepspeed(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)
 }
 
 /// `deepspeed_io_handle_t` (aio) or `deepspeed_gds_handle_t` as DeepSpeed's
@@ -350,6 +369,85 @@ pub fn pinned_free_tensor(tensor: &TensorDesc) -> bool {
 pub fn pinned_is_managed(tensor: &TensorDesc) -> bool {
     let b = tensor.buffer;
     b.is_host() && tensor.has_storage && PinnedMemoryManager::shared().is_managed(b.ptr(), b.len())
+}
+
+/// DeepSpeed's handle calls on a core [`IoHandle`], with the core's own
+/// errors: what [`Handle`] runs beneath its return codes, write warning and
+/// GIL release. They take what DeepSpeed's calls take (a raw [`BufferDesc`]
+/// whose contract holds until the op is finished, an `i64` offset, `async`
+/// as a flag); `IoHandle` itself offers only the Rust API (`read_into`,
+/// `write_from`, `scope`, `submit_read`/`submit_write`, `wait`), so this is
+/// the one public door to these semantics, for front ends and their tests.
+pub mod calls {
+    use std::time::Duration;
+
+    use crate::buffer::BufferDesc;
+    use crate::config::HandleConfig;
+    use crate::error::Result;
+    use crate::file::FileTarget;
+    use crate::handle::IoHandle;
+    use crate::op::OpRequest;
+
+    /// `pread(buffer, target, file_offset, async)`: a parallel read, async
+    /// (returns 0) or blocking (returns how many ops finished: this one and
+    /// every earlier pending one).
+    pub fn pread(
+        handle: &IoHandle,
+        buffer: BufferDesc,
+        target: FileTarget<'_>,
+        file_offset: i64,
+        is_async: bool,
+    ) -> Result<usize> {
+        handle.pread(buffer, target, file_offset, is_async)
+    }
+
+    /// `pwrite(buffer, target, file_offset, async)`: as [`pread`], writing.
+    pub fn pwrite(
+        handle: &IoHandle,
+        buffer: BufferDesc,
+        target: FileTarget<'_>,
+        file_offset: i64,
+        is_async: bool,
+    ) -> Result<usize> {
+        handle.pwrite(buffer, target, file_offset, is_async)
+    }
+
+    /// `pread`/`pwrite`/`async_*`/`sync_*` with a whole request (a front
+    /// end's staging, `validate`): 0 when async, else the ops finished.
+    pub fn submit(handle: &IoHandle, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
+        handle.submit(request, is_async)
+    }
+
+    /// [`submit`], a blocking one waiting in steps of `poll` and calling
+    /// `between` after each (the front ends run signal handlers there). An
+    /// error from `between` ends the wait with the ops left pending, their
+    /// buffers held, for a later `wait()`.
+    pub fn submit_polling(
+        handle: &IoHandle,
+        request: OpRequest<'_>,
+        is_async: bool,
+        poll: Duration,
+        between: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<usize> {
+        handle.submit_blocking_with(request, is_async, poll, between)
+    }
+
+    /// `wait()` in steps of `poll`, calling `between` after each; see [`submit_polling`].
+    pub fn wait_polling(handle: &IoHandle, poll: Duration, between: &mut dyn FnMut() -> Result<()>) -> Result<usize> {
+        handle.wait_with(poll, between)
+    }
+
+    /// `read`/`write`: one synchronous, unsplit transfer on the calling
+    /// thread, after the pending ops it shares memory or file bytes with.
+    pub fn transfer_inline(handle: &IoHandle, request: OpRequest<'_>) -> Result<()> {
+        handle.transfer_inline(request)
+    }
+
+    /// `aio_read`/`aio_write`: one unsplit transfer on the calling thread
+    /// with `config`'s parameters, without a handle (no worker threads).
+    pub fn transfer_once(config: &HandleConfig, request: OpRequest<'_>) -> Result<()> {
+        IoHandle::transfer_once(config, request)
+    }
 }
 
 /// DeepSpeed's one-time warning that heavy NVMe offload wears out consumer

@@ -69,7 +69,9 @@
 //!   ([`IoHandle::stats`]) and per process ([`stats::process`]).
 //! * [`deepspeed`]: DeepSpeed's API semantics that every front end shares
 //!   (return codes, the write warning, the elapsed-time line, one-shot
-//!   transfers, `deepspeed_memcpy`).
+//!   transfers, `deepspeed_memcpy`), and [`deepspeed::calls`], the only
+//!   public way to DeepSpeed-shaped handle calls (`IoHandle`'s own methods
+//!   are the Rust API).
 //! * `error`, `log`, `json`: errors that name file, offset and errno; stderr
 //!   lines that never panic; the JSON escaper for the cuFile config.
 //! * `sync`, `fork`: the crate's locks (std's, with parking_lot's API), and

@@ -18,6 +18,8 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use common::*;
+// DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
+use deepnvme::deepspeed::calls as ds;
 use deepnvme::{EngineKind, Error, FileTarget, LockedBuffer};
 
 const DEV_SIZE: u64 = 64 << 20;
@@ -172,10 +174,10 @@ fn locked_buffers_write_and_read_a_block_device_directly() {
             seed += 1;
             let data = pattern(seed, len);
             let src = Pinned::with(&data);
-            assert_eq!(ok(h.pwrite(src.desc(), target, offset as i64, false), &format!("{what}: pwrite")), 1);
+            assert_eq!(ok(ds::pwrite(&h, src.desc(), target, offset as i64, false), &format!("{what}: pwrite")), 1);
             assert_on_device(&dev, offset, &data, &format!("{what} pwrite"));
             let dst = Pinned::new(len);
-            ok(h.pread(dst.desc(), target, offset as i64, true), &format!("{what}: pread"));
+            ok(ds::pread(&h, dst.desc(), target, offset as i64, true), &format!("{what}: pread"));
             assert_eq!(ok(h.wait(), &format!("{what}: async pread")), 1);
             assert_bytes_eq(dst.as_slice(), &data, &format!("{what}: pread"));
         }
@@ -196,7 +198,7 @@ fn a_block_device_keeps_io_uring_though_its_node_is_on_devtmpfs() {
     }
     let h = deepnvme::IoHandle::new(deepnvme::HandleConfig { block_size: 256 << 10, ..Default::default() }).unwrap();
     let data = Pinned::with(&pattern(41, 1 << 20));
-    ok(h.pwrite(data.desc(), FileTarget::Path(dev.path()), 0, false), "write");
+    ok(ds::pwrite(&h, data.desc(), FileTarget::Path(dev.path()), 0, false), "write");
     assert_on_device(&dev, 0, data.as_slice(), "write through a default handle");
     let s = h.stats();
     assert!(s.io_uring_runs > 0 && s.psync_runs == 0, "the device's op ran on io_uring: {s}");
@@ -244,7 +246,7 @@ fn caller_descriptors_on_a_block_device_with_and_without_o_direct() {
                 seed += 1;
                 let data = pattern(seed, len);
                 let src = Pinned::with(&data);
-                ok(h.pwrite(src.desc(), FileTarget::Fd(fd), offset as i64, false), &format!("{what}: pwrite"));
+                ok(ds::pwrite(&h, src.desc(), FileTarget::Fd(fd), offset as i64, false), &format!("{what}: pwrite"));
                 assert_on_device(&dev, offset, &data, &what);
                 let mut back = vec![0u8; len];
                 ok(h.read_into(&mut back, FileTarget::Fd(fd), offset), &format!("{what}: read_into"));
@@ -270,7 +272,7 @@ fn a_read_past_the_end_of_a_block_device_names_the_device_offset_and_size() {
             let locked = Pinned::new(len);
             let mut plain = vec![0x5au8; len];
             for (buffer, is_async) in [(locked.desc(), false), (locked.desc(), true), (heap_desc(&mut plain), false)] {
-                let e = h.pread(buffer, target, offset as i64, is_async).unwrap_err();
+                let e = ds::pread(&h, buffer, target, offset as i64, is_async).unwrap_err();
                 assert!(matches!(e, Error::InvalidArgument(_)), "{what}: {e}");
                 let parts = [name.clone(), format!("{len} bytes"), format!("offset {offset}"), format!("({DEV_SIZE} bytes)")];
                 assert_mentions(&e, &parts.each_ref().map(String::as_str), &what);
@@ -302,7 +304,7 @@ fn a_write_past_the_end_of_a_block_device_is_enospc_naming_the_device() {
             let what = format!("{engine:?} p={par} {len} bytes at {offset}");
             let locked = Pinned::with(&pattern(1, len));
             let plain = pattern(2, len);
-            for r in [h.pwrite(locked.desc(), target, offset as i64, false), h.write_from(&plain, target, offset)] {
+            for r in [ds::pwrite(&h, locked.desc(), target, offset as i64, false), h.write_from(&plain, target, offset)] {
                 let e = r.expect_err(&what);
                 let Error::Transfer(t) = &e else { panic!("{what}: expected a transfer error, got {e}") };
                 assert_eq!(t.errno, libc::ENOSPC, "{what}: {e}");

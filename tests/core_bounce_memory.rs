@@ -10,6 +10,8 @@
 mod common;
 
 use common::*;
+// DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
+use deepnvme::deepspeed::calls as ds;
 use deepnvme::{EngineKind, FileTarget};
 
 const CHILD_ENV: &str = "DEEPNVME_BOUNCE_TEST_CHILD";
@@ -107,13 +109,13 @@ fn child_bounce_budget() {
     let (pa, pb) = (dir.file("a.bin"), dir.file("b.bin"));
     // SAFETY: both vectors outlive the ops (waited below) and are not touched meanwhile.
     let desc = |v: &mut Vec<u8>| unsafe { deepnvme::BufferDesc::from_raw_parts(v.as_mut_ptr().add(1), v.len() - 1) };
-    assert_eq!(h.pwrite(desc(&mut a), FileTarget::Path(&pa), 0, true).unwrap(), 0);
-    let err = h.pwrite(desc(&mut b), FileTarget::Path(&pb), 0, true).expect_err("past the budget");
+    assert_eq!(ds::pwrite(&h, desc(&mut a), FileTarget::Path(&pa), 0, true).unwrap(), 0);
+    let err = ds::pwrite(&h, desc(&mut b), FileTarget::Path(&pb), 0, true).expect_err("past the budget");
     let text = err.to_string();
     assert!(text.contains("DEEPNVME_BOUNCE_MAX_MB"), "the error names the knob: {text}");
     assert!(text.contains("b.bin") && text.contains("offset 0"), "the error names the file and offset: {text}");
     assert_eq!(h.wait().unwrap(), 1, "the refused op was never queued");
-    assert_eq!(h.pwrite(desc(&mut b), FileTarget::Path(&pb), 0, true).unwrap(), 0, "room again after wait()");
+    assert_eq!(ds::pwrite(&h, desc(&mut b), FileTarget::Path(&pb), 0, true).unwrap(), 0, "room again after wait()");
     assert_eq!(h.wait().unwrap(), 1);
     assert_bytes_eq(&read_file(&pa), &a[1..], "a.bin");
     assert_bytes_eq(&read_file(&pb), &b[1..], "b.bin");

@@ -42,6 +42,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
+// DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
+use deepnvme::deepspeed::calls as ds;
 use deepnvme::{BufferDesc, EngineKind, FileTarget, IoHandle, LockedBuffer};
 
 const FIXED_SEED: u64 = 20261201;
@@ -185,7 +187,7 @@ fn regression_async_pread_then_blocking_read_into_one_plain_vec() {
         for (round, &pause) in pauses_ms.iter().enumerate() {
             let mut v = vec![0u8; REGRESSION_BYTES]; // plain memory: bounced
             let desc = heap_desc(&mut v);
-            assert_eq!(h.pread(desc, FileTarget::Path(&pa), 0, true).unwrap(), 0);
+            assert_eq!(ds::pread(&h, desc, FileTarget::Path(&pa), 0, true).unwrap(), 0);
             std::thread::sleep(Duration::from_millis(pause));
             let rc = h.read_into(&mut v, FileTarget::Path(&pb), 0).unwrap();
             if v != b || rc != 2 {
@@ -221,7 +223,7 @@ fn regression_async_pread_then_blocking_write_from_one_plain_vec() {
         for (round, &pause) in pauses_ms.iter().enumerate() {
             let mut v = old.clone(); // plain memory holding `old`
             let desc = heap_desc(&mut v);
-            assert_eq!(h.pread(desc, FileTarget::Path(&pa), 0, true).unwrap(), 0);
+            assert_eq!(ds::pread(&h, desc, FileTarget::Path(&pa), 0, true).unwrap(), 0);
             std::thread::sleep(Duration::from_millis(pause));
             let rc = h.write_from(&v, FileTarget::Path(&out), 0).unwrap();
             let written = read_file(&out);
@@ -597,8 +599,8 @@ impl Model {
         let path = self.files[op.file].path.clone();
         let target = FileTarget::Path(&path);
         let result = match op.kind {
-            Kind::Pread => h.pread(base.desc(s, n), target, off as i64, op.is_async),
-            Kind::Pwrite => h.pwrite(base.desc(s, n), target, off as i64, op.is_async),
+            Kind::Pread => ds::pread(h, base.desc(s, n), target, off as i64, op.is_async),
+            Kind::Pwrite => ds::pwrite(h, base.desc(s, n), target, off as i64, op.is_async),
             Kind::ReadInto => {
                 // SAFETY: the base's memory; the call waits for every earlier op first.
                 let slice = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(s), n) };

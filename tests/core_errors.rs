@@ -8,6 +8,8 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 use common::*;
+// DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
+use deepnvme::deepspeed::calls as ds;
 use deepnvme::{Direction, EngineKind, Error, FileTarget, HandleConfig, IoHandle};
 
 #[track_caller]
@@ -36,16 +38,16 @@ fn opening_a_missing_file_names_it_and_the_errno() {
         let h = handle_with(engine, 4096, 4, false, false, 2);
         let buf = Pinned::new(4096);
         let checks: Vec<(deepnvme::Result<usize>, &Path, &str)> = vec![
-            (h.pread(buf.desc(), FileTarget::Path(&missing), 0, false), &missing, "opening for read"),
-            (h.pread(buf.desc(), FileTarget::Path(&missing), 512, true), &missing, "opening for read"),
-            (h.pwrite(buf.desc(), FileTarget::Path(&no_dir), 0, false), &no_dir, "opening for write"),
+            (ds::pread(&h, buf.desc(), FileTarget::Path(&missing), 0, false), &missing, "opening for read"),
+            (ds::pread(&h, buf.desc(), FileTarget::Path(&missing), 512, true), &missing, "opening for read"),
+            (ds::pwrite(&h, buf.desc(), FileTarget::Path(&no_dir), 0, false), &no_dir, "opening for write"),
         ];
         for (r, path, action) in checks {
             let e = r.unwrap_err();
             assert!(matches!(&e, Error::File { source, .. } if source.raw_os_error() == Some(libc::ENOENT)), "{e}");
             assert_mentions(&e, &[action, &path.display().to_string(), "No such file or directory", "errno 2"]);
         }
-        let e = h.transfer_inline(request(Direction::Read, FileTarget::Path(&missing), 0, buf.desc())).unwrap_err();
+        let e = ds::transfer_inline(&h, request(Direction::Read, FileTarget::Path(&missing), 0, buf.desc())).unwrap_err();
         assert_mentions(&e, &[&missing.display().to_string(), "errno 2"]);
         assert_eq!(h.pending_ops(), 0, "a failed open queues nothing");
         assert_eq!(h.wait().unwrap(), 0);
@@ -63,23 +65,23 @@ fn reading_past_the_end_is_an_error_naming_the_sizes() {
         for (off, len) in [(0usize, 10_002usize), (9_999, 2), (10_000, 2), (20_000, 4096), (1, 10_000)] {
             let mut buf = vec![0x11u8; len];
             for is_async in [false, true] {
-                let e = h.pread(heap_desc(&mut buf), FileTarget::Path(&path), off as i64, is_async).unwrap_err();
+                let e = ds::pread(&h, heap_desc(&mut buf), FileTarget::Path(&path), off as i64, is_async).unwrap_err();
                 assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
                 assert_mentions(
                     &e,
                     &[&path.display().to_string(), &format!("{len} bytes"), &format!("offset {off}"), "(10000 bytes)", "past the end"],
                 );
             }
-            let e = h.transfer_inline(request(Direction::Read, FileTarget::Path(&path), off as i64, heap_desc(&mut buf))).unwrap_err();
+            let e = ds::transfer_inline(&h, request(Direction::Read, FileTarget::Path(&path), off as i64, heap_desc(&mut buf))).unwrap_err();
             assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
             assert!(buf.iter().all(|&b| b == 0x11), "a refused read writes nothing");
         }
         // Exactly up to the end is fine.
         let mut buf = vec![0u8; 4000];
-        assert_eq!(h.pread(heap_desc(&mut buf), FileTarget::Path(&path), 6000, false).unwrap(), 1);
+        assert_eq!(ds::pread(&h, heap_desc(&mut buf), FileTarget::Path(&path), 6000, false).unwrap(), 1);
         assert_bytes_eq(&buf, &pattern(1, 10_000)[6000..], "read ending at EOF");
         // Overflowing offset + len is refused too, not wrapped.
-        let e = h.pread(heap_desc(&mut buf), FileTarget::Path(&path), i64::MAX - 10, false).unwrap_err();
+        let e = ds::pread(&h, heap_desc(&mut buf), FileTarget::Path(&path), i64::MAX - 10, false).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     }
 }
@@ -94,10 +96,10 @@ fn negative_offsets_are_refused() {
         let buf = Pinned::new(4096);
         for direction in [Direction::Read, Direction::Write] {
             for off in [-1i64, -4096, i64::MIN] {
-                let e = h.submit(request(direction, FileTarget::Path(&path), off, buf.desc()), false).unwrap_err();
+                let e = ds::submit(&h, request(direction, FileTarget::Path(&path), off, buf.desc()), false).unwrap_err();
                 assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
                 assert_mentions(&e, &[&format!("file_offset {off}"), "negative", &path.display().to_string()]);
-                let e = h.transfer_inline(request(direction, FileTarget::Path(&path), off, buf.desc())).unwrap_err();
+                let e = ds::transfer_inline(&h, request(direction, FileTarget::Path(&path), off, buf.desc())).unwrap_err();
                 assert_mentions(&e, &[&format!("file_offset {off}"), "negative"]);
             }
         }
@@ -120,7 +122,7 @@ fn writing_through_a_read_only_descriptor_fails_with_ebadf() {
             // (needs a buffered descriptor for the edges).
             for (off, len) in [(4096usize, 4096usize), (1, 2 * 4096), (0, 2 * 4096 + 1)] {
                 let what = format!("{engine:?} direct={direct} off={off} len={len}");
-                let e = h.pwrite(src.narrow(0, len), FileTarget::Fd(fd), off as i64, false).unwrap_err();
+                let e = ds::pwrite(&h, src.narrow(0, len), FileTarget::Fd(fd), off as i64, false).unwrap_err();
                 assert_eq!(transfer_errno(&e), libc::EBADF, "{what}: {e}");
                 assert_mentions(&e, &["write of", &format!("fd {fd}"), "offset", "errno 9", "Bad file descriptor"]);
                 let Error::Transfer(t) = &e else { unreachable!() };
@@ -133,12 +135,12 @@ fn writing_through_a_read_only_descriptor_fails_with_ebadf() {
         // Reading through a write-only descriptor fails the same way.
         let wfd = open_fd(&path, libc::O_WRONLY);
         let dst = Pinned::new(4096);
-        let e = h.pread(dst.desc(), FileTarget::Fd(wfd), 0, false).unwrap_err();
+        let e = ds::pread(&h, dst.desc(), FileTarget::Fd(wfd), 0, false).unwrap_err();
         assert_eq!(transfer_errno(&e), libc::EBADF, "{e}");
         assert_mentions(&e, &["read of", &format!("fd {wfd}"), "offset 0", "errno 9"]);
         close_fd(wfd);
         // A descriptor that is not open at all.
-        let e = h.pwrite(dst.desc(), FileTarget::Fd(987_654), 0, false).unwrap_err();
+        let e = ds::pwrite(&h, dst.desc(), FileTarget::Fd(987_654), 0, false).unwrap_err();
         assert_mentions(&e, &["fd 987654", "errno 9"]);
     }
 }
@@ -152,7 +154,7 @@ fn transfer_errors_from_the_kernel_name_file_offset_and_errno() {
         let size = std::fs::metadata(dir.path()).unwrap().len() as usize;
         assert!(size > 0);
         let buf = Pinned::new(size.min(4096));
-        let e = h.pread(buf.desc(), FileTarget::Path(dir.path()), 0, false).unwrap_err();
+        let e = ds::pread(&h, buf.desc(), FileTarget::Path(dir.path()), 0, false).unwrap_err();
         assert_eq!(transfer_errno(&e), libc::EISDIR, "{e}");
         assert_mentions(&e, &["read of", &dir.path().display().to_string(), "offset 0", "errno 21"]);
     }
@@ -222,15 +224,15 @@ fn a_full_file_system_is_enospc_never_a_silent_success() {
                 let path = fs.file(&format!("full-{i}.bin"));
                 i += 1;
                 let what = format!("{engine:?} p={par} {what}");
-                let e = h.pwrite(buf, FileTarget::Path(&path), off, false).unwrap_err();
+                let e = ds::pwrite(&h, buf, FileTarget::Path(&path), off, false).unwrap_err();
                 assert_eq!(transfer_errno(&e), libc::ENOSPC, "{what}: {e}");
                 assert_mentions(&e, &["write of", &path.display().to_string(), "offset", "errno 28", "No space left on device"]);
                 // Async: the failure is reported by wait().
-                h.pwrite(buf, FileTarget::Path(&path), off, true).unwrap();
+                ds::pwrite(&h, buf, FileTarget::Path(&path), off, true).unwrap();
                 let e = h.wait().unwrap_err();
                 assert_eq!(transfer_errno(&e), libc::ENOSPC, "{what} (async): {e}");
                 // Inline read/write path too.
-                let e = h.transfer_inline(request(Direction::Write, FileTarget::Path(&path), off, buf)).unwrap_err();
+                let e = ds::transfer_inline(&h, request(Direction::Write, FileTarget::Path(&path), off, buf)).unwrap_err();
                 assert_eq!(transfer_errno(&e), libc::ENOSPC, "{what} (inline): {e}");
                 std::fs::remove_file(&path).unwrap();
             }
@@ -240,7 +242,7 @@ fn a_full_file_system_is_enospc_never_a_silent_success() {
     let h = handle(engines()[0]);
     let ok = fs.file("fits.bin");
     let small = Pinned::with(&pattern(7, 8192 + 5));
-    assert_eq!(h.pwrite(small.desc(), FileTarget::Path(&ok), 0, false).unwrap(), 1);
+    assert_eq!(ds::pwrite(&h, small.desc(), FileTarget::Path(&ok), 0, false).unwrap(), 1);
     assert_bytes_eq(&read_file(&ok), small.as_slice(), "a write that fits");
 }
 
@@ -260,10 +262,10 @@ fn one_failing_op_among_many_does_not_stop_the_others() {
         let mut back = vec![0u8; 8192];
 
         // good, bad, good, good (a read): one failure.
-        h.pwrite(a.desc(), FileTarget::Path(&fa), 0, true).unwrap();
-        h.pwrite(bad.desc(), FileTarget::Fd(ro), 4096, true).unwrap();
-        h.pwrite(b.desc(), FileTarget::Path(&fb), 0, true).unwrap();
-        h.pread(heap_desc(&mut back), FileTarget::Path(&ro_path), 0, true).unwrap();
+        ds::pwrite(&h, a.desc(), FileTarget::Path(&fa), 0, true).unwrap();
+        ds::pwrite(&h, bad.desc(), FileTarget::Fd(ro), 4096, true).unwrap();
+        ds::pwrite(&h, b.desc(), FileTarget::Path(&fb), 0, true).unwrap();
+        ds::pread(&h, heap_desc(&mut back), FileTarget::Path(&ro_path), 0, true).unwrap();
         assert_eq!(h.pending_ops(), 4);
         let e = h.wait().unwrap_err();
         assert_eq!(transfer_errno(&e), libc::EBADF, "{e}");
@@ -275,10 +277,10 @@ fn one_failing_op_among_many_does_not_stop_the_others() {
         assert_bytes_eq(&back, &pattern(8, 8192), "bounced read after the failure was copied back");
 
         // Two failures: the first is shown, the rest counted.
-        h.pwrite(bad.desc(), FileTarget::Fd(ro), 0, true).unwrap();
-        h.pwrite(a.desc(), FileTarget::Path(&fa), 1, true).unwrap();
-        h.pwrite(bad.desc(), FileTarget::Fd(ro), 8192, true).unwrap();
-        let e = h.pwrite(b.desc(), FileTarget::Path(&fb), 3, false).unwrap_err();
+        ds::pwrite(&h, bad.desc(), FileTarget::Fd(ro), 0, true).unwrap();
+        ds::pwrite(&h, a.desc(), FileTarget::Path(&fa), 1, true).unwrap();
+        ds::pwrite(&h, bad.desc(), FileTarget::Fd(ro), 8192, true).unwrap();
+        let e = ds::pwrite(&h, b.desc(), FileTarget::Path(&fb), 3, false).unwrap_err();
         assert!(matches!(&e, Error::Many { more: 1, .. }), "{e}");
         assert_mentions(&e, &["errno 9", "(and 1 more failed ops)", &format!("fd {ro}")]);
         // The first failed op (offset 0, 8192 bytes, two slices) is the one shown.
@@ -290,7 +292,7 @@ fn one_failing_op_among_many_does_not_stop_the_others() {
 
         // The handle still works afterwards.
         assert_eq!(h.wait().unwrap(), 0);
-        assert_eq!(h.pwrite(a.desc(), FileTarget::Path(&fb), 0, false).unwrap(), 1);
+        assert_eq!(ds::pwrite(&h, a.desc(), FileTarget::Path(&fb), 0, false).unwrap(), 1);
         close_fd(ro);
     }
 }

@@ -11,6 +11,8 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 use common::*;
+// Async writes of raw pinned memory, counted by wait(): DeepSpeed's calls.
+use deepnvme::deepspeed::calls as ds;
 use deepnvme::{EngineKind, FileTarget, HandleConfig, IoHandle, PuntingFs, Stats};
 
 /// A fresh mount of `fstype` on a new directory, unmounted on drop.
@@ -55,24 +57,24 @@ fn exercise(h: &IoHandle, dir: &dyn Fn(&str) -> PathBuf) -> Stats {
     let before = h.stats();
     let big = Pinned::with(&pattern(1, 4 << 20));
     let path = dir("big.bin");
-    assert_eq!(h.pwrite(big.desc(), FileTarget::Path(&path), 0, false).unwrap(), 1);
-    let back = Pinned::new(4 << 20);
-    assert_eq!(h.pread(back.desc(), FileTarget::Path(&path), 0, false).unwrap(), 1);
+    assert_eq!(h.write_from(big.as_slice(), FileTarget::Path(&path), 0).unwrap(), 1);
+    let mut back = Pinned::new(4 << 20);
+    assert_eq!(h.read_into(back.as_mut_slice(), FileTarget::Path(&path), 0).unwrap(), 1);
     assert_bytes_eq(back.as_slice(), big.as_slice(), "blocking read of a blocking write");
 
     let parts: Vec<Pinned> = (0..4).map(|i| Pinned::with(&pattern(10 + i, 1 << 20))).collect();
     let streamed = dir("streamed.bin");
     for (i, p) in parts.iter().enumerate() {
-        h.pwrite(p.desc(), FileTarget::Path(&streamed), (i << 20) as i64, true).unwrap();
+        ds::pwrite(h, p.desc(), FileTarget::Path(&streamed), (i << 20) as i64, true).unwrap();
     }
     assert_eq!(h.wait().unwrap(), 4);
     let mut whole = vec![0u8; 4 << 20];
-    h.pread(heap_desc(&mut whole), FileTarget::Path(&streamed), 0, false).unwrap();
+    h.read_into(&mut whole, FileTarget::Path(&streamed), 0).unwrap();
     for (i, p) in parts.iter().enumerate() {
         assert_bytes_eq(&whole[i << 20..(i + 1) << 20], p.as_slice(), "async writes back to back, bounced read");
     }
-    let small = Pinned::new(4096);
-    h.pread(small.desc(), FileTarget::Path(&streamed), 8192, false).unwrap();
+    let mut small = Pinned::new(4096);
+    h.read_into(small.as_mut_slice(), FileTarget::Path(&streamed), 8192).unwrap();
     assert_bytes_eq(small.as_slice(), &parts[0].as_slice()[8192..12288], "one-block read");
     let after = h.stats();
     Stats {

@@ -11,6 +11,8 @@ mod common;
 use std::sync::Mutex;
 
 use common::*;
+// DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
+use deepnvme::deepspeed::calls as ds;
 use deepnvme::{Direction, EngineKind, FileTarget, OpRequest};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -33,8 +35,8 @@ fn sync_async_and_wait_counts() {
             assert_eq!(h.wait().unwrap(), 0, "and again");
 
             // A queue of two async ops.
-            assert_eq!(h.pwrite(bufs[0].desc(), FileTarget::Path(&f(0)), 0, true).unwrap(), 0, "async returns 0");
-            assert_eq!(h.pwrite(bufs[1].desc(), FileTarget::Path(&f(1)), 0, true).unwrap(), 0);
+            assert_eq!(ds::pwrite(&h, bufs[0].desc(), FileTarget::Path(&f(0)), 0, true).unwrap(), 0, "async returns 0");
+            assert_eq!(ds::pwrite(&h, bufs[1].desc(), FileTarget::Path(&f(1)), 0, true).unwrap(), 0);
             assert_eq!(h.pending_ops(), 2);
             assert_eq!(h.wait().unwrap(), 2);
             assert_eq!(h.pending_ops(), 0);
@@ -43,18 +45,18 @@ fn sync_async_and_wait_counts() {
             // A queue of three, mixing reads and writes.
             let r0 = Pinned::new(40_000);
             let r1 = Pinned::new(40_000);
-            assert_eq!(h.pread(r0.desc(), FileTarget::Path(&f(0)), 0, true).unwrap(), 0);
-            assert_eq!(h.pwrite(bufs[2].desc(), FileTarget::Path(&f(2)), 0, true).unwrap(), 0);
-            assert_eq!(h.pread(r1.desc(), FileTarget::Path(&f(1)), 0, true).unwrap(), 0);
+            assert_eq!(ds::pread(&h, r0.desc(), FileTarget::Path(&f(0)), 0, true).unwrap(), 0);
+            assert_eq!(ds::pwrite(&h, bufs[2].desc(), FileTarget::Path(&f(2)), 0, true).unwrap(), 0);
+            assert_eq!(ds::pread(&h, r1.desc(), FileTarget::Path(&f(1)), 0, true).unwrap(), 0);
             assert_eq!(h.wait().unwrap(), 3);
             assert_bytes_eq(r0.as_slice(), bufs[0].as_slice(), "queued read 0");
             assert_bytes_eq(r1.as_slice(), bufs[1].as_slice(), "queued read 1");
             assert_bytes_eq(&read_file(&f(2)), bufs[2].as_slice(), "queued write 2");
 
             // A blocking call counts the async ops submitted before it.
-            h.pwrite(bufs[3].desc(), FileTarget::Path(&f(3)), 0, true).unwrap();
-            h.pwrite(bufs[0].desc(), FileTarget::Path(&f(3)), 40_000, true).unwrap();
-            let n = h.pwrite(bufs[1].desc(), FileTarget::Path(&f(3)), 80_000, false).unwrap();
+            ds::pwrite(&h, bufs[3].desc(), FileTarget::Path(&f(3)), 0, true).unwrap();
+            ds::pwrite(&h, bufs[0].desc(), FileTarget::Path(&f(3)), 40_000, true).unwrap();
+            let n = ds::pwrite(&h, bufs[1].desc(), FileTarget::Path(&f(3)), 80_000, false).unwrap();
             assert_eq!(n, 3, "sync returns every op it completed, earlier async ones included");
             assert_eq!(h.wait().unwrap(), 0, "nothing left after a blocking call");
             let want: Vec<u8> = [&bufs[3], &bufs[0], &bufs[1]].iter().flat_map(|b| b.as_slice().to_vec()).collect();
@@ -63,8 +65,8 @@ fn sync_async_and_wait_counts() {
             // submit() with is_async, as pread(..., async=True) does.
             let f3 = f(3);
             let req = request(Direction::Read, FileTarget::Path(&f3), 40_000, r0.desc());
-            assert_eq!(h.submit(req, true).unwrap(), 0);
-            assert_eq!(h.submit(request(Direction::Read, FileTarget::Path(&f(3)), 80_000, r1.desc()), false).unwrap(), 2);
+            assert_eq!(ds::submit(&h, req, true).unwrap(), 0);
+            assert_eq!(ds::submit(&h, request(Direction::Read, FileTarget::Path(&f(3)), 80_000, r1.desc()), false).unwrap(), 2);
             assert_bytes_eq(r0.as_slice(), bufs[0].as_slice(), "submit async read");
             assert_bytes_eq(r1.as_slice(), bufs[1].as_slice(), "submit sync read");
         }
@@ -83,14 +85,14 @@ fn caller_descriptors_are_used_and_never_closed() {
             let wfd = open_fd(&path, flags);
             let a = Pinned::with(&pattern(1, 8192));
             let b = Pinned::with(&pattern(2, 1002)); // unaligned: needs the buffered twin
-            assert_eq!(h.pwrite(a.desc(), FileTarget::Fd(wfd), 0, true).unwrap(), 0);
-            assert_eq!(h.pwrite(b.desc(), FileTarget::Fd(wfd), 8193, true).unwrap(), 0);
+            assert_eq!(ds::pwrite(&h, a.desc(), FileTarget::Fd(wfd), 0, true).unwrap(), 0);
+            assert_eq!(ds::pwrite(&h, b.desc(), FileTarget::Fd(wfd), 8193, true).unwrap(), 0);
             assert_eq!(h.wait().unwrap(), 2);
             assert!(fd_is_open(wfd), "the handle closed a caller's descriptor (direct={direct})");
             // The caller can keep using it ...
             let c = Pinned::with(&pattern(3, 4096));
-            assert_eq!(h.pwrite(c.desc(), FileTarget::Fd(wfd), 16384, false).unwrap(), 1);
-            h.transfer_inline(request(Direction::Write, FileTarget::Fd(wfd), 20480, a.narrow(0, 4096))).unwrap();
+            assert_eq!(ds::pwrite(&h, c.desc(), FileTarget::Fd(wfd), 16384, false).unwrap(), 1);
+            ds::transfer_inline(&h, request(Direction::Write, FileTarget::Fd(wfd), 20480, a.narrow(0, 4096))).unwrap();
             assert!(fd_is_open(wfd));
             // ... and close it itself.
             close_fd(wfd);
@@ -104,7 +106,7 @@ fn caller_descriptors_are_used_and_never_closed() {
             // Reads through a caller descriptor.
             let rfd = open_fd(&path, libc::O_RDONLY | if direct { libc::O_DIRECT } else { 0 });
             let r = Pinned::new(want.len() - 1);
-            assert_eq!(h.pread(r.narrow(0, 12_000), FileTarget::Fd(rfd), 1, false).unwrap(), 1);
+            assert_eq!(ds::pread(&h, r.narrow(0, 12_000), FileTarget::Fd(rfd), 1, false).unwrap(), 1);
             assert_bytes_eq(&r.as_slice()[..12_000], &want[1..12_001], "read through a caller fd");
             assert!(fd_is_open(rfd));
             close_fd(rfd);
@@ -124,22 +126,22 @@ fn the_handle_closes_every_descriptor_it_opens() {
             let path = dir.file("f.bin");
             // Warm up: the inline engine and each worker's engine (io_uring
             // fds) are created lazily, the workers' on their own threads.
-            h.transfer_inline(request(Direction::Write, FileTarget::Path(&path), 0, data.desc())).unwrap();
-            h.pwrite(data.desc(), FileTarget::Path(&path), 0, false).unwrap();
+            ds::transfer_inline(&h, request(Direction::Write, FileTarget::Path(&path), 0, data.desc())).unwrap();
+            ds::pwrite(&h, data.desc(), FileTarget::Path(&path), 0, false).unwrap();
             let with_handle = open_fd_count();
             let mut heap = vec![0u8; 5000];
             for i in 0..60usize {
                 let off = (i * 4097) as i64;
                 // Aligned (direct only) and unaligned (direct + buffered twin)
                 // writes and reads, async and sync, pinned and bounced.
-                h.pwrite(data.desc(), FileTarget::Path(&path), off, i % 2 == 0).unwrap();
-                h.pread(data.narrow(0, 4096), FileTarget::Path(&path), 4096, i % 3 == 0).unwrap();
-                h.pread(heap_desc(&mut heap), FileTarget::Path(&path), off + 1, true).unwrap();
-                h.transfer_inline(request(Direction::Read, FileTarget::Path(&path), off, data.narrow(2, 1000))).unwrap();
+                ds::pwrite(&h, data.desc(), FileTarget::Path(&path), off, i % 2 == 0).unwrap();
+                ds::pread(&h, data.narrow(0, 4096), FileTarget::Path(&path), 4096, i % 3 == 0).unwrap();
+                ds::pread(&h, heap_desc(&mut heap), FileTarget::Path(&path), off + 1, true).unwrap();
+                ds::transfer_inline(&h, request(Direction::Read, FileTarget::Path(&path), off, data.narrow(2, 1000))).unwrap();
                 // Failing ops close what they opened too.
-                assert!(h.pread(data.desc(), FileTarget::Path(&dir.file("missing")), 0, false).is_err());
-                assert!(h.pread(data.desc(), FileTarget::Path(&path), off + (1 << 30), true).is_err());
-                assert!(h.pwrite(data.desc(), FileTarget::Path(&path), -1, true).is_err());
+                assert!(ds::pread(&h, data.desc(), FileTarget::Path(&dir.file("missing")), 0, false).is_err());
+                assert!(ds::pread(&h, data.desc(), FileTarget::Path(&path), off + (1 << 30), true).is_err());
+                assert!(ds::pwrite(&h, data.desc(), FileTarget::Path(&path), -1, true).is_err());
                 if i % 10 == 9 {
                     h.wait().unwrap();
                     assert_eq!(open_fd_count(), with_handle, "descriptors leaked after {} rounds ({engine:?})", i + 1);
@@ -167,9 +169,9 @@ fn dropping_a_handle_finishes_ops_in_flight() {
         {
             // Small blocks at depth 1: the ops are still running at drop.
             let h = handle_with(engine, 4096, 1, true, false, 2);
-            h.pwrite(data.desc(), FileTarget::Path(&path_w), 0, true).unwrap();
-            h.pwrite(data.desc(), FileTarget::Path(&path_w), len as i64 + 1, true).unwrap();
-            h.pread(heap_desc(&mut heap), FileTarget::Path(&path_r), 3, true).unwrap();
+            ds::pwrite(&h, data.desc(), FileTarget::Path(&path_w), 0, true).unwrap();
+            ds::pwrite(&h, data.desc(), FileTarget::Path(&path_w), len as i64 + 1, true).unwrap();
+            ds::pread(&h, heap_desc(&mut heap), FileTarget::Path(&path_r), 3, true).unwrap();
             assert_eq!(h.pending_ops(), 3);
         }
         let file = read_file(&path_w);
@@ -189,13 +191,13 @@ fn inline_transfers_do_not_touch_the_queue() {
         let h = handle_with(engine, 1000, 3, false, true, 4);
         let p = dir.file("f.bin");
         let a = Pinned::with(&pattern(8, 64 * 1024));
-        h.pwrite(a.desc(), FileTarget::Path(&p), 0, true).unwrap();
+        ds::pwrite(&h, a.desc(), FileTarget::Path(&p), 0, true).unwrap();
         let b = Pinned::with(&pattern(9, 777));
         // Inline read/write run on this thread, unsplit (777 is not divisible by 4).
-        h.transfer_inline(request(Direction::Write, FileTarget::Path(&dir.file("g.bin")), 5, b.desc())).unwrap();
+        ds::transfer_inline(&h, request(Direction::Write, FileTarget::Path(&dir.file("g.bin")), 5, b.desc())).unwrap();
         assert_eq!(h.pending_ops(), 1, "inline ops are not queued");
         let c = Pinned::new(777);
-        h.transfer_inline(request(Direction::Read, FileTarget::Path(&dir.file("g.bin")), 5, c.desc())).unwrap();
+        ds::transfer_inline(&h, request(Direction::Read, FileTarget::Path(&dir.file("g.bin")), 5, c.desc())).unwrap();
         assert_bytes_eq(c.as_slice(), b.as_slice(), "inline round trip");
         assert_eq!(h.wait().unwrap(), 1);
         assert_bytes_eq(&read_file(&p), a.as_slice(), "queued write");
@@ -223,7 +225,7 @@ fn blocking_calls_from_many_threads_each_get_their_own_count() {
                         for i in 0..per {
                             // Every third op async: a later blocking call (of
                             // any thread) or the final wait counts it.
-                            got += h.pwrite(buf.desc(), FileTarget::Path(&path), (i * 8192) as i64, i % 3 == 1).unwrap();
+                            got += ds::pwrite(h, buf.desc(), FileTarget::Path(&path), (i * 8192) as i64, i % 3 == 1).unwrap();
                         }
                         got += h.wait().unwrap();
                         got
@@ -264,12 +266,12 @@ fn validate_child() {
         validate: true,
     };
     // Pass for a write and a read; validation does not change the results.
-    assert_eq!(h.submit(v(Direction::Write, 3, data.desc()), false).unwrap(), 1);
+    assert_eq!(ds::submit(&h, v(Direction::Write, 3, data.desc()), false).unwrap(), 1);
     let back = Pinned::new(12_345);
-    assert_eq!(h.submit(v(Direction::Read, 3, back.desc()), false).unwrap(), 1);
+    assert_eq!(ds::submit(&h, v(Direction::Read, 3, back.desc()), false).unwrap(), 1);
     assert_bytes_eq(back.as_slice(), data.as_slice(), "validated read");
     // Inline path validates too.
-    h.transfer_inline(v(Direction::Read, 3, back.desc())).unwrap();
+    ds::transfer_inline(&h, v(Direction::Read, 3, back.desc())).unwrap();
 
     // Fail: once the async write has landed, change a byte of the file
     // behind the handle's back; validation in wait() must notice, and the
@@ -277,7 +279,7 @@ fn validate_child() {
     let big = Pinned::with(&pattern(11, 1 << 20));
     let fpath = dir.file("f.bin");
     let req = OpRequest { target: FileTarget::Path(&fpath), ..v(Direction::Write, 0, big.desc()) };
-    assert_eq!(h.submit(req, true).unwrap(), 0);
+    assert_eq!(ds::submit(&h, req, true).unwrap(), 0);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while std::fs::read(&fpath).map(|f| f != big.as_slice()).unwrap_or(true) {
         assert!(std::time::Instant::now() < deadline, "async write never landed");
@@ -346,14 +348,14 @@ fn transfer_once_starts_no_threads_and_reuses_its_engine() {
         let path = dir.file(&format!("once-{engine:?}.bin"));
         let mut src = data.clone();
         let write = |buf: &mut Vec<u8>| {
-            deepnvme::IoHandle::transfer_once(&config, request(Direction::Write, FileTarget::Path(&path), 3, heap_desc(buf)))
+            ds::transfer_once(&config, request(Direction::Write, FileTarget::Path(&path), 3, heap_desc(buf)))
         };
         write(&mut src).unwrap(); // the first call makes the thread's engine
         let (fds, tasks) = (open_fd_count(), threads());
         for _ in 0..20 {
             write(&mut src).unwrap();
             let mut back = vec![0u8; data.len()];
-            deepnvme::IoHandle::transfer_once(&config, request(Direction::Read, FileTarget::Path(&path), 3, heap_desc(&mut back)))
+            ds::transfer_once(&config, request(Direction::Read, FileTarget::Path(&path), 3, heap_desc(&mut back)))
                 .unwrap();
             assert_bytes_eq(&back, &data, &format!("{engine:?} one-shot round trip"));
         }

@@ -8,6 +8,8 @@
 mod common;
 
 use common::*;
+// Whole requests and read/write (transfer_inline): DeepSpeed's calls.
+use deepnvme::deepspeed::calls as ds;
 use deepnvme::{Direction, EngineKind, Error, FileTarget, HandleConfig};
 
 /// Transfer lengths: divisible by 1, 2, 3 and 4, not multiples of 512.
@@ -39,7 +41,7 @@ fn run_combo(dir: &TempDir, c: Combo, idx: usize) {
     assert_eq!(h.engine_kind(), c.engine);
     let data = pattern(idx as u64 * 7 + 2, len);
     let src = Pinned::with(&data);
-    let n = h.pwrite(src.desc(), FileTarget::Path(&path), offset as i64, false).unwrap_or_else(|e| panic!("{name}: write: {e}"));
+    let n = h.write_from(src.as_slice(), FileTarget::Path(&path), offset as u64).unwrap_or_else(|e| panic!("{name}: write: {e}"));
     assert_eq!(n, 1, "{name}: sync write returns the number of completed ops");
 
     let mut want = old.clone();
@@ -47,12 +49,12 @@ fn run_combo(dir: &TempDir, c: Combo, idx: usize) {
     assert_bytes_eq(&read_file(&path), &want, &format!("{name}: file after write at {offset}"));
 
     // Read back into pinned memory (direct) and into heap memory (bounce).
-    let dst = Pinned::new(len);
-    assert_eq!(h.pread(dst.desc(), FileTarget::Path(&path), offset as i64, false).unwrap(), 1);
+    let mut dst = Pinned::new(len);
+    assert_eq!(h.read_into(dst.as_mut_slice(), FileTarget::Path(&path), offset as u64).unwrap(), 1);
     assert_bytes_eq(dst.as_slice(), &data, &format!("{name}: pinned read at {offset}"));
     let mut heap = vec![0xEEu8; len];
     let heap_off = file_len - len; // runs to the exact end of the file
-    assert_eq!(h.pread(heap_desc(&mut heap), FileTarget::Path(&path), heap_off as i64, false).unwrap(), 1);
+    assert_eq!(h.read_into(&mut heap, FileTarget::Path(&path), heap_off as u64).unwrap(), 1);
     assert_bytes_eq(&heap, &want[heap_off..], &format!("{name}: heap read at {heap_off}"));
 }
 
@@ -83,14 +85,14 @@ fn knob_matrix_both_engines_every_byte() {
 
 #[test]
 fn handle_getters_return_the_knobs() {
-    let cfg = HandleConfig::from_deepspeed(1000, 2, true, true, 3).unwrap();
+    let cfg = deepnvme::deepspeed::handle_config(1000, 2, true, true, 3).unwrap();
     assert_eq!(
         (cfg.block_size, cfg.queue_depth, cfg.single_submit, cfg.overlap_events, cfg.intra_op_parallelism),
         (1000, 2, true, true, 3)
     );
     assert_eq!(cfg.alignment(), 3 * 512, "get_alignment() = intra_op_parallelism * 512");
     for (bs, qd, p) in [(0, 1, 1), (1, 0, 1), (1, 1, 0), (-1, 1, 1), (1, 1, -4)] {
-        let e = HandleConfig::from_deepspeed(bs, qd, false, false, p).unwrap_err();
+        let e = deepnvme::deepspeed::handle_config(bs, qd, false, false, p).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{bs} {qd} {p}: {e}");
         assert!(e.to_string().contains("must be positive"), "{e}");
     }
@@ -109,7 +111,7 @@ fn parallel_ops_require_len_divisible_by_parallelism() {
             let buf = Pinned::new(len);
             for direction in [Direction::Read, Direction::Write] {
                 let req = request(direction, FileTarget::Path(&path), 7, buf.desc());
-                let e = h.submit(req, false).unwrap_err();
+                let e = ds::submit(&h, req, false).unwrap_err();
                 assert!(matches!(e, Error::InvalidArgument(_)), "{engine:?} p={par} len={len}: {e}");
                 let msg = e.to_string();
                 assert!(
@@ -122,7 +124,7 @@ fn parallel_ops_require_len_divisible_by_parallelism() {
                 assert_eq!(h.pending_ops(), 0, "a refused op is not pending");
             }
             // The same length through the unsplit path is fine.
-            h.transfer_inline(request(Direction::Read, FileTarget::Path(&path), 7, buf.desc())).unwrap();
+            ds::transfer_inline(&h, request(Direction::Read, FileTarget::Path(&path), 7, buf.desc())).unwrap();
             assert_bytes_eq(buf.as_slice(), &pattern(3, 8192)[7..7 + len], "inline read of an indivisible length");
         }
     }

@@ -18,6 +18,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
+// DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
+use deepnvme::deepspeed::calls as ds;
 use deepnvme::{
     BufferDesc, Direction, EngineKind, Error, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager,
 };
@@ -107,7 +109,7 @@ fn run_in_child(what: &str, timeout_s: u32, body: impl FnOnce() -> Result<(), St
 /// changes things under it.
 fn keep_worker_busy(h: &IoHandle, dir: &Path, tag: &str, busy: &Pinned) {
     let path = dir.join(format!("busy-{tag}.bin"));
-    h.pwrite(busy.desc(), FileTarget::Path(&path), 0, true).unwrap();
+    ds::pwrite(h, busy.desc(), FileTarget::Path(&path), 0, true).unwrap();
 }
 
 // ---------------------------------------------------------------------------
@@ -139,7 +141,7 @@ fn a_caller_fd_closed_and_reused_before_wait_still_writes_the_original_file() {
             let src = Pinned::with(&pattern(30 + case as u64, len + 8));
             let fd_a = open_fd(&a, libc::O_WRONLY | if direct { libc::O_DIRECT } else { 0 });
             keep_worker_busy(&h, dir.path(), &format!("{engine:?}-{case}"), &busy);
-            h.pwrite(src.narrow(mem, n), FileTarget::Fd(fd_a), off as i64, true).unwrap();
+            ds::pwrite(&h, src.narrow(mem, n), FileTarget::Fd(fd_a), off as i64, true).unwrap();
             // The caller closes its fd; the number now names file B.
             let fd_b = open_fd(&b, libc::O_WRONLY | if direct { libc::O_DIRECT } else { 0 });
             // SAFETY: both descriptors are this test's own.
@@ -170,7 +172,7 @@ fn reading_through_a_caller_fd_reused_before_wait_reads_the_original_file() {
         let fd_a = open_fd(&a, libc::O_RDONLY | libc::O_DIRECT);
         let dst = Pinned::new(64 * 1024 + 2);
         keep_worker_busy(&h, dir.path(), &format!("r-{engine:?}"), &busy);
-        h.pread(dst.narrow(1, 64 * 1024 + 1), FileTarget::Fd(fd_a), 4097, true).unwrap();
+        ds::pread(&h, dst.narrow(1, 64 * 1024 + 1), FileTarget::Fd(fd_a), 4097, true).unwrap();
         let fd_b = open_fd(&b, libc::O_RDONLY | libc::O_DIRECT);
         // SAFETY: both descriptors are this test's own.
         assert!(unsafe { libc::dup2(fd_b, fd_a) } == fd_a, "dup2");
@@ -200,7 +202,7 @@ fn an_o_append_fd_writes_every_piece_at_its_offset() {
             let data = pattern(50, piece * order.len());
             let src = Pinned::with(&data);
             for &i in &order {
-                h.pwrite(src.narrow(i * piece, piece), FileTarget::Fd(fd), (i * piece) as i64, true).unwrap();
+                ds::pwrite(&h, src.narrow(i * piece, piece), FileTarget::Fd(fd), (i * piece) as i64, true).unwrap();
             }
             assert_eq!(h.wait().unwrap(), order.len(), "{what}");
             assert_bytes_eq(&read_file(&path), &data, &format!("{what}: explicit offsets on an O_APPEND fd"));
@@ -209,7 +211,7 @@ fn an_o_append_fd_writes_every_piece_at_its_offset() {
             let src2 = Pinned::with(&data2);
             for &i in &order {
                 let (off, n) = (i * piece + 1, piece - 4);
-                h.pwrite(src2.narrow(off, n), FileTarget::Fd(fd), off as i64, true).unwrap();
+                ds::pwrite(&h, src2.narrow(off, n), FileTarget::Fd(fd), off as i64, true).unwrap();
             }
             assert_eq!(h.wait().unwrap(), order.len(), "{what}");
             let mut want = data.clone();
@@ -244,8 +246,8 @@ fn fork_child_checks(h: IoHandle, dir: &Path, engine: deepnvme::EngineKind) -> R
             Ok(())
         }
     };
-    expect_err("pwrite(async)", h.pwrite(buf.desc(), FileTarget::Path(&path), 0, true))?;
-    expect_err("pread(sync)", h.pread(buf.desc(), FileTarget::Path(&path), 0, false))?;
+    expect_err("pwrite(async)", ds::pwrite(&h, buf.desc(), FileTarget::Path(&path), 0, true))?;
+    expect_err("pread(sync)", ds::pread(&h, buf.desc(), FileTarget::Path(&path), 0, false))?;
     expect_err("wait", h.wait())?;
     expect_err("write_from", h.write_from(&heap, FileTarget::Path(&path), 0))?;
     expect_err("read_into", h.read_into(&mut heap, FileTarget::Path(&path), 0))?;
@@ -255,7 +257,7 @@ fn fork_child_checks(h: IoHandle, dir: &Path, engine: deepnvme::EngineKind) -> R
     )?;
     expect_err(
         "transfer_inline",
-        h.transfer_inline(OpRequest::new(Direction::Write, FileTarget::Path(&path), 0, buf.desc())).map(|_| 0),
+        ds::transfer_inline(&h, OpRequest::new(Direction::Write, FileTarget::Path(&path), 0, buf.desc())).map(|_| 0),
     )?;
     for (call, e) in &errors {
         let msg = e.to_string();
@@ -277,12 +279,12 @@ fn fork_child_checks(h: IoHandle, dir: &Path, engine: deepnvme::EngineKind) -> R
         .map_err(|e| format!("a new handle in the child: {e}"))?;
     let data = pattern(61, 1 << 20);
     let src = Pinned::with(&data);
-    fresh.pwrite(src.desc(), FileTarget::Path(&path), 0, true).map_err(|e| e.to_string())?;
+    ds::pwrite(&fresh, src.desc(), FileTarget::Path(&path), 0, true).map_err(|e| e.to_string())?;
     if fresh.wait().map_err(|e| format!("wait in the child: {e}"))? != 1 {
         return Err("wait in the child did not count the op".into());
     }
     let back = Pinned::new(1 << 20);
-    fresh.pread(back.desc(), FileTarget::Path(&path), 0, false).map_err(|e| e.to_string())?;
+    ds::pread(&fresh, back.desc(), FileTarget::Path(&path), 0, false).map_err(|e| e.to_string())?;
     if back.as_slice() != &data[..] {
         return Err("the child's new handle read back different bytes".into());
     }
@@ -301,7 +303,7 @@ fn a_handle_used_after_fork_refuses_at_once_and_drops_without_hanging() {
         let data = pattern(62, 1 << 20);
         let src = Pinned::with(&data);
         let parent_file = dir.file(&format!("parent-{engine:?}.bin"));
-        assert_eq!(h.pwrite(src.desc(), FileTarget::Path(&parent_file), 0, false).unwrap(), 1);
+        assert_eq!(ds::pwrite(&h, src.desc(), FileTarget::Path(&parent_file), 0, false).unwrap(), 1);
         // Let the parent's threads go idle before forking: a thread caught
         // inside a lock (parking_lot's parking table, malloc's arenas)
         // leaves that lock held forever in the child, whatever the handle
@@ -317,13 +319,13 @@ fn a_handle_used_after_fork_refuses_at_once_and_drops_without_hanging() {
         let h = h.take().unwrap();
         let data2 = pattern(63, 1 << 20);
         let src2 = Pinned::with(&data2);
-        h.pwrite(src2.desc(), FileTarget::Path(&parent_file), 0, true).unwrap();
+        ds::pwrite(&h, src2.desc(), FileTarget::Path(&parent_file), 0, true).unwrap();
         assert_eq!(h.wait().unwrap(), 1);
         assert_bytes_eq(&read_file(&parent_file), &data2, &format!("{engine:?}: parent handle after the child"));
         // Memory registered before the fork still gets the parent's reads:
         // the kernel gave the child copies of the pinned pages and kept the
         // originals (which the rings hold) mapped in the parent.
-        assert_eq!(h.pread(src.desc(), FileTarget::Path(&parent_file), 0, false).unwrap(), 1);
+        assert_eq!(ds::pread(&h, src.desc(), FileTarget::Path(&parent_file), 0, false).unwrap(), 1);
         assert_bytes_eq(src.as_slice(), &data2, &format!("{engine:?}: a read after fork into memory registered before it"));
     }
 }
@@ -360,7 +362,7 @@ fn freeing_locked_memory_under_an_async_op_defers_the_unmap() {
         keep_worker_busy(&h, dir.path(), &format!("{engine:?}"), &busy);
         // SAFETY: the op may write into [old, old + n) until wait().
         let desc = unsafe { BufferDesc::from_raw_parts(old, n) };
-        h.pread(desc, FileTarget::Path(&path), 0, true).unwrap();
+        ds::pread(&h, desc, FileTarget::Path(&path), 0, true).unwrap();
         assert!(m.free(old), "{engine:?}: free of a region with an op in flight is accepted");
         assert!(!m.is_managed(old, n), "{engine:?}: a freed region is no longer managed for new ops");
         assert!(!m.free(old), "{engine:?}: the second free is refused");
@@ -395,7 +397,7 @@ fn freeing_locked_memory_under_a_write_keeps_the_written_bytes() {
         keep_worker_busy(&h, dir.path(), &format!("{engine:?}"), &busy);
         let path = dir.file(&format!("w-{engine:?}.bin"));
         // SAFETY: the memory outlives every op on this desc (each is waited for here).
-        h.pwrite(unsafe { BufferDesc::from_raw_parts(p, n) }, FileTarget::Path(&path), 0, true).unwrap();
+        ds::pwrite(&h, unsafe { BufferDesc::from_raw_parts(p, n) }, FileTarget::Path(&path), 0, true).unwrap();
         assert!(m.free(p));
         // Reuse pressure: allocations of the same size while the op waits.
         let others: Vec<_> = (0..4).map(|_| m.alloc(n).unwrap().as_ptr()).collect();
@@ -443,9 +445,9 @@ fn efbig_child(dir: &Path) -> Result<(), String> {
                     let path = dir.join(format!("efbig-{i}.bin"));
                     let what = format!("{engine:?} p={par} {what} {mode}");
                     let r = match mode {
-                        "sync" => h.pwrite(desc, FileTarget::Path(&path), off, false),
-                        "async" => h.pwrite(desc, FileTarget::Path(&path), off, true).and_then(|_| h.wait()),
-                        _ => h.transfer_inline(OpRequest::new(Direction::Write, FileTarget::Path(&path), off, desc)).map(|_| 1),
+                        "sync" => ds::pwrite(&h, desc, FileTarget::Path(&path), off, false),
+                        "async" => ds::pwrite(&h, desc, FileTarget::Path(&path), off, true).and_then(|_| h.wait()),
+                        _ => ds::transfer_inline(&h, OpRequest::new(Direction::Write, FileTarget::Path(&path), off, desc)).map(|_| 1),
                     };
                     let e = match r {
                         Ok(n) => return Err(format!("{what}: a 4 MiB write under a 1 MiB RLIMIT_FSIZE returned Ok({n})")),
@@ -571,7 +573,7 @@ fn thousands_of_handles_leak_no_fds_threads_or_locked_memory() {
         let h = handle_with(engine, 4096, 1 + i % 8, i % 3 == 0, i % 5 == 0, par);
         match i % 10 {
             0 => {
-                h.pwrite(src.desc(), FileTarget::Path(&path), (i % 8 * 4096) as i64, true).unwrap();
+                ds::pwrite(&h, src.desc(), FileTarget::Path(&path), (i % 8 * 4096) as i64, true).unwrap();
                 if i % 20 == 0 {
                     h.wait().unwrap();
                 } // else: dropped with the op in flight
@@ -627,11 +629,11 @@ fn closed_streams_child(dir: &Path) -> Result<(), String> {
         for (target, off) in [(FileTarget::Path(&a), 1usize), (FileTarget::Fd(fd), 5)] {
             let mut req = OpRequest::new(Direction::Write, target, off as i64, src.desc());
             req.validate = true;
-            h.submit(req, true).map_err(|e| format!("{engine:?} submit: {e}"))?;
+            ds::submit(&h, req, true).map_err(|e| format!("{engine:?} submit: {e}"))?;
             h.wait().map_err(|e| format!("{engine:?} wait: {e}"))?;
             let mut req = OpRequest::new(Direction::Write, target, off as i64, src.desc());
             req.validate = true;
-            h.transfer_inline(req).map_err(|e| format!("{engine:?} inline: {e}"))?;
+            ds::transfer_inline(&h, req).map_err(|e| format!("{engine:?} inline: {e}"))?;
         }
         close_fd(fd);
         let got = read_file(&a);
@@ -672,12 +674,12 @@ fn an_empty_buffer_with_a_null_pointer_moves_nothing_and_counts_as_one_op() {
             let empty = || unsafe { deepnvme::BufferDesc::from_raw_parts(std::ptr::null_mut(), 0) };
             for direction in [Direction::Read, Direction::Write] {
                 let req = || request(direction, FileTarget::Path(&path), 0, empty());
-                assert_eq!(h.submit(req(), false).unwrap(), 1, "{engine:?} {direction:?} blocking");
-                assert_eq!(h.submit(req(), true).unwrap(), 0, "{engine:?} {direction:?} async");
+                assert_eq!(ds::submit(&h, req(), false).unwrap(), 1, "{engine:?} {direction:?} blocking");
+                assert_eq!(ds::submit(&h, req(), true).unwrap(), 0, "{engine:?} {direction:?} async");
                 assert_eq!(h.wait().unwrap(), 1, "{engine:?} {direction:?} wait");
-                h.transfer_inline(req()).unwrap();
+                ds::transfer_inline(&h, req()).unwrap();
                 let pinned = empty().pinned(true);
-                assert_eq!(h.submit(request(direction, FileTarget::Path(&path), 0, pinned), false).unwrap(), 1);
+                assert_eq!(ds::submit(&h, request(direction, FileTarget::Path(&path), 0, pinned), false).unwrap(), 1);
             }
             assert_bytes_eq(&read_file(&path), &pattern(3, 4096), "the file after empty ops");
         }

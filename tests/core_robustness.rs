@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::*;
+// DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
+use deepnvme::deepspeed::calls as ds;
 use deepnvme::{Direction, FileTarget, OpRequest, Result, Staging};
 
 /// Stands for the torch glue's reference to a tensor: records when it is let go.
@@ -50,7 +52,7 @@ fn a_direct_buffer_is_held_until_wait_finishes_the_op() {
             staging: Some(Box::new(TensorRef { released: released.clone() })),
             validate: false,
         };
-        assert_eq!(h.submit(req, true).unwrap(), 0);
+        assert_eq!(ds::submit(&h, req, true).unwrap(), 0);
         assert!(!released.load(Ordering::SeqCst), "{engine:?}: the tensor was let go while its op was in flight");
         assert_eq!(h.wait().unwrap(), 1);
         assert!(released.load(Ordering::SeqCst), "{engine:?}: the tensor was kept after the op finished");
@@ -101,7 +103,7 @@ fn a_bounced_read_into_memory_that_may_move_is_copied_by_the_waiting_thread_whil
             staging: Some(Box::new(MovableHost { holds: holds.clone() })),
             validate: false,
         };
-        assert_eq!(h.submit(req, true).unwrap(), 0);
+        assert_eq!(ds::submit(&h, req, true).unwrap(), 0);
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert!(holds.lock().unwrap().is_empty(), "{engine:?}: copied before wait()");
         let waiter = std::thread::spawn({
@@ -170,7 +172,7 @@ fn submit_interrupted_at_once(h: &deepnvme::IoHandle, direction: Direction, path
     let moved = Arc::new(AtomicBool::new(false));
     let req = tracked_request(direction, path, memory, &moved);
     let mut interrupt = || Err(deepnvme::Error::Interrupted("test".into()));
-    let r = h.submit_blocking_with(req, false, std::time::Duration::ZERO, &mut interrupt);
+    let r = ds::submit_polling(h, req, false, std::time::Duration::ZERO, &mut interrupt);
     assert!(r.is_err(), "the {direction:?} finished before the first poll; make it longer");
 }
 
@@ -191,7 +193,7 @@ fn an_async_bounced_read_touches_movable_memory_only_inside_wait() {
             let dst = unaligned(&mut backing, len);
             dst.fill(0xEE);
             let moved = Arc::new(AtomicBool::new(false));
-            assert_eq!(h.submit(tracked_request(Direction::Read, &path, dst, &moved), true).unwrap(), 0);
+            assert_eq!(ds::submit(&h, tracked_request(Direction::Read, &path, dst, &moved), true).unwrap(), 0);
             // Long enough for the whole read to complete in the device.
             std::thread::sleep(std::time::Duration::from_millis(300));
             let untouched = dst.iter().all(|&b| b == 0xEE);

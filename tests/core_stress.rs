@@ -9,6 +9,8 @@ mod common;
 use std::path::Path;
 
 use common::*;
+// DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
+use deepnvme::deepspeed::calls as ds;
 use deepnvme::{BufferDesc, FileTarget, IoHandle, PinnedMemoryManager};
 
 const THREADS: usize = 8;
@@ -92,7 +94,7 @@ fn stress_distinct_files() {
                         rng.fill(buf.bytes());
                         let data = buf.bytes().to_vec();
                         let path = dir.file(&format!("t{t}-r{round}-k{k}.bin"));
-                        assert_eq!(hs[hi].pwrite(buf.desc(), FileTarget::Path(&path), off as i64, true).unwrap(), 0);
+                        assert_eq!(ds::pwrite(&hs[hi], buf.desc(), FileTarget::Path(&path), off as i64, true).unwrap(), 0);
                         batch.push((buf, data, path, off, hi));
                     }
                     let done: usize = hs.iter().map(|h| h.wait().unwrap()).sum();
@@ -112,7 +114,7 @@ fn stress_distinct_files() {
                             continue;
                         }
                         let mut dst = Buf::new(&mut rng, len);
-                        h.pread(dst.desc(), FileTarget::Path(path), *off as i64, true).unwrap();
+                        ds::pread(h, dst.desc(), FileTarget::Path(path), *off as i64, true).unwrap();
                         reads.push((dst, &data[..len], h));
                     }
                     for h in &hs {
@@ -167,7 +169,7 @@ fn stress_one_file(path: &Path, seed_base: u64, rounds: usize) {
                             rng.fill(buf.bytes());
                             shadow[start..start + len].copy_from_slice(&buf.bytes()[..]);
                             let is_async = rng.range(0, 3) > 0;
-                            hs[hi].pwrite(buf.desc(), FileTarget::Path(path), (base + start) as i64, is_async).unwrap_or_else(
+                            ds::pwrite(&hs[hi], buf.desc(), FileTarget::Path(path), (base + start) as i64, is_async).unwrap_or_else(
                                 |e| panic!("seed {seed:#x} round {round}: write: {e}"),
                             );
                             inflight.push(buf);
@@ -182,7 +184,7 @@ fn stress_one_file(path: &Path, seed_base: u64, rounds: usize) {
                         let len = len_for(&mut rng, 1, 250_000, par);
                         let start = rng.range(0, REGION - len);
                         let mut dst = Buf::new(&mut rng, len);
-                        hs[hi].pread(dst.desc(), FileTarget::Path(path), (base + start) as i64, false).unwrap();
+                        ds::pread(&hs[hi], dst.desc(), FileTarget::Path(path), (base + start) as i64, false).unwrap();
                         assert_bytes_eq(
                             dst.bytes(),
                             &shadow[start..start + len],
@@ -199,7 +201,7 @@ fn stress_one_file(path: &Path, seed_base: u64, rounds: usize) {
     // Through the handle (O_DIRECT where aligned) ...
     let h = handle(engines()[0]);
     let mut got = vec![0u8; want.len()];
-    h.pread(heap_desc(&mut got), FileTarget::Path(path), 0, false).unwrap();
+    ds::pread(&h, heap_desc(&mut got), FileTarget::Path(path), 0, false).unwrap();
     assert_bytes_eq(&got, &want, &format!("seed {seed_base:#x}: whole file through the handle"));
     // ... and through the page cache.
     assert_bytes_eq(&read_file(path), &want, &format!("seed {seed_base:#x}: whole file, buffered read"));
@@ -241,10 +243,10 @@ fn pinned_memory_is_shared_across_handles_and_threads() {
                 let path = dir.file(&format!("x{t}.bin"));
                 let (w, r) = if t % 2 == 0 { (h1, h2) } else { (h2, h1) };
                 for round in 0..5 {
-                    w.pwrite(buf, FileTarget::Path(&path), (round * 4096) as i64, false).unwrap();
+                    ds::pwrite(w, buf, FileTarget::Path(&path), (round * 4096) as i64, false).unwrap();
                     // SAFETY: writes inside this test's own live mapping, owned by this thread.
                     unsafe { std::ptr::write_bytes(mine, 0, 64 * 1024) };
-                    r.pread(buf, FileTarget::Path(&path), (round * 4096) as i64, false).unwrap();
+                    ds::pread(r, buf, FileTarget::Path(&path), (round * 4096) as i64, false).unwrap();
                     // SAFETY: bytes of this test's own live mapping, which nothing else writes meanwhile.
                     let got = unsafe { std::slice::from_raw_parts(mine, 64 * 1024) };
                     assert_bytes_eq(got, &data, &format!("thread {t} round {round}"));
@@ -286,7 +288,7 @@ fn neighbouring_ops_sharing_a_page_do_not_corrupt_each_other() {
                 let mut rng = Rng::new(0xB);
                 while !stop.load(Ordering::Relaxed) {
                     rng.fill(&mut p.as_mut_slice()[skew..]);
-                    h.pwrite(p.narrow(skew, 10_000), FileTarget::Path(path), 10_000, false).unwrap();
+                    ds::pwrite(&h, p.narrow(skew, 10_000), FileTarget::Path(path), 10_000, false).unwrap();
                 }
             });
             // A: [0, 10000), checked after every write.
@@ -306,8 +308,8 @@ fn neighbouring_ops_sharing_a_page_do_not_corrupt_each_other() {
                 let mut bad = 0;
                 for _ in 0..600 {
                     rng.fill(p.as_mut_slice());
-                    h.pwrite(p.desc(), FileTarget::Path(path), 0, false).unwrap();
-                    h.pread(q.desc(), FileTarget::Path(path), 0, false).unwrap();
+                    ds::pwrite(&h, p.desc(), FileTarget::Path(path), 0, false).unwrap();
+                    ds::pread(&h, q.desc(), FileTarget::Path(path), 0, false).unwrap();
                     bad += (q.as_slice() != p.as_slice()) as usize;
                 }
                 bad

@@ -7,6 +7,8 @@
 mod common;
 
 use common::*;
+// DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
+use deepnvme::deepspeed::calls as ds;
 use deepnvme::{BufferDesc, Direction, EngineKind, Error, FileTarget, IoHandle, Location, OpRequest, Staging};
 
 const LENS: [usize; 8] = [0, 1, 511, 513, 1000, 4095, 4097, (1 << 20) + 3];
@@ -80,7 +82,7 @@ fn check_unaligned(h: &IoHandle, dir: &TempDir, engine: EngineKind, len: usize, 
 
     // 1. A new file: exactly off + len bytes, zeros before the offset.
     let fresh = dir.file(&format!("new-{seed}.bin"));
-    let n = h.pwrite(mem.desc(len), FileTarget::Path(&fresh), off as i64, false).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let n = ds::pwrite(h, mem.desc(len), FileTarget::Path(&fresh), off as i64, false).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(n, 1);
     let got = read_file(&fresh);
     // Writing nothing does not extend a file (as pwrite of 0 bytes).
@@ -94,7 +96,7 @@ fn check_unaligned(h: &IoHandle, dir: &TempDir, engine: EngineKind, len: usize, 
     let existing = dir.file(&format!("old-{seed}.bin"));
     let mut want = pattern(seed ^ 0xFFFF, off + len + 4999);
     write_file(&existing, &want);
-    h.pwrite(mem.desc(len), FileTarget::Path(&existing), off as i64, false).unwrap();
+    ds::pwrite(h, mem.desc(len), FileTarget::Path(&existing), off as i64, false).unwrap();
     want[off..off + len].copy_from_slice(&data);
     assert_bytes_eq(&read_file(&existing), &want, &format!("{what}: write into a larger file"));
     mem.check_guards(len, &what);
@@ -103,17 +105,17 @@ fn check_unaligned(h: &IoHandle, dir: &TempDir, engine: EngineKind, len: usize, 
     // Read a different window so stale buffer contents cannot pass.
     let roff = off + len.min(7);
     mem.bytes(len).fill(0x5A);
-    h.pread(mem.desc(len), FileTarget::Path(&existing), roff as i64, false).unwrap_or_else(|e| panic!("{what}: read: {e}"));
+    ds::pread(h, mem.desc(len), FileTarget::Path(&existing), roff as i64, false).unwrap_or_else(|e| panic!("{what}: read: {e}"));
     assert_bytes_eq(mem.bytes(len), &want[roff..roff + len], &format!("{what}: read at {roff}"));
     mem.check_guards(len, &what);
 
     // 4. The unsplit synchronous path (`read`/`write`) gives the same.
     mem.bytes(len).copy_from_slice(&data);
-    h.transfer_inline(request(Direction::Write, FileTarget::Path(&existing), (off + 3) as i64, mem.desc(len))).unwrap();
+    ds::transfer_inline(h, request(Direction::Write, FileTarget::Path(&existing), (off + 3) as i64, mem.desc(len))).unwrap();
     want[off + 3..off + 3 + len].copy_from_slice(&data);
     assert_bytes_eq(&read_file(&existing), &want, &format!("{what}: inline write"));
     mem.bytes(len).fill(0);
-    h.transfer_inline(request(Direction::Read, FileTarget::Path(&existing), off as i64, mem.desc(len))).unwrap();
+    ds::transfer_inline(h, request(Direction::Read, FileTarget::Path(&existing), off as i64, mem.desc(len))).unwrap();
     assert_bytes_eq(mem.bytes(len), &want[off..off + len], &format!("{what}: inline read"));
     mem.check_guards(len, &what);
     std::fs::remove_file(&existing).unwrap();
@@ -208,13 +210,13 @@ fn strided_and_device_buffers_bounce_through_their_copier() {
                 staging: Some(Box::new(EveryOther { store: sp, len })),
                 validate: false,
             };
-            h.submit(req(Direction::Write), false).unwrap();
+            ds::submit(&h, req(Direction::Write), false).unwrap();
             let file = read_file(&path);
             assert_bytes_eq(&file[3..3 + len], &data, &format!("{engine:?} host={is_host} strided write"));
             for i in (0..2 * len).step_by(2) {
                 store.as_mut_slice()[i] = 0;
             }
-            h.submit(req(Direction::Read), false).unwrap();
+            ds::submit(&h, req(Direction::Read), false).unwrap();
             for i in 0..2 * len {
                 let want = if i % 2 == 0 { data[i / 2] } else { 0xCC };
                 assert_eq!(store.as_slice()[i], want, "{engine:?} host={is_host} strided read, byte {i}");
@@ -231,10 +233,10 @@ fn zero_length_ops() {
         let h = handle_with(engine, 4096, 4, false, false, 2);
         let path = dir.file(&format!("{engine:?}.bin"));
         let p = Pinned::new(0);
-        assert_eq!(h.pwrite(p.desc(), FileTarget::Path(&path), 0, false).unwrap(), 1);
+        assert_eq!(ds::pwrite(&h, p.desc(), FileTarget::Path(&path), 0, false).unwrap(), 1);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "a zero-byte write creates an empty file");
-        assert_eq!(h.pread(p.desc(), FileTarget::Path(&path), 0, false).unwrap(), 1, "a zero-byte read at EOF is fine");
-        let e = h.pread(p.desc(), FileTarget::Path(&path), 1, false).unwrap_err();
+        assert_eq!(ds::pread(&h, p.desc(), FileTarget::Path(&path), 0, false).unwrap(), 1, "a zero-byte read at EOF is fine");
+        let e = ds::pread(&h, p.desc(), FileTarget::Path(&path), 1, false).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "zero bytes starting past EOF: {e}");
     }
 }

@@ -155,11 +155,11 @@ impl Engine for Routed {
         &mut self,
         direction: Direction,
         segments: &[Segment],
-        knobs: &AioParams,
+        params: &AioParams,
         memory: Option<&Arc<fixed::RegistrableMemory>>,
     ) -> std::result::Result<(), TransferError> {
         self.count(1);
-        self.inner.run_with(direction, segments, knobs, memory)
+        self.inner.run_with(direction, segments, params, memory)
     }
     fn run_stream(&mut self, source: &mut dyn StreamSource) {
         let mut counting = Counting { source, runs: 0 };

@@ -49,8 +49,8 @@ pub trait Engine: Send {
     fn kind(&self) -> EngineKind;
     /// Moves every segment; returns only when nothing is in flight.
     #[cfg_attr(not(test), allow(dead_code))] // the core runs `run_with`; the engine tests `run`
-    fn run(&mut self, direction: Direction, segments: &[Segment], knobs: &AioParams) -> std::result::Result<(), TransferError> {
-        self.run_with(direction, segments, knobs, None)
+    fn run(&mut self, direction: Direction, segments: &[Segment], params: &AioParams) -> std::result::Result<(), TransferError> {
+        self.run_with(direction, segments, params, None)
     }
     /// As `run`; `memory`: the registrable memory every segment lies in,
     /// if any (see `fixed.rs`). Engines touch only the segments' memory:
@@ -59,7 +59,7 @@ pub trait Engine: Send {
         &mut self,
         direction: Direction,
         segments: &[Segment],
-        knobs: &AioParams,
+        params: &AioParams,
         memory: Option<&Arc<RegistrableMemory>>,
     ) -> std::result::Result<(), TransferError>;
     /// Runs what `source` gives, one run after another: each run's outcome
@@ -69,7 +69,7 @@ pub trait Engine: Send {
     fn run_stream(&mut self, source: &mut dyn StreamSource) {
         let mut n = 0;
         while let Some(run) = source.next_run() {
-            let outcome = self.run_with(run.direction, &run.segments, &run.knobs, run.memory.as_ref());
+            let outcome = self.run_with(run.direction, &run.segments, &run.params, run.memory.as_ref());
             source.run_done(n, outcome);
             n += 1;
         }
@@ -102,7 +102,7 @@ pub trait Engine: Send {
 pub(crate) struct StreamRun {
     pub direction: Direction,
     pub segments: Vec<Segment>,
-    pub knobs: AioParams,
+    pub params: AioParams,
     pub memory: Option<Arc<RegistrableMemory>>,
 }
 

@@ -149,11 +149,11 @@ impl Engine for PsyncEngine {
         &mut self,
         direction: Direction,
         segments: &[Segment],
-        knobs: &AioParams,
+        params: &AioParams,
         _memory: Option<&std::sync::Arc<super::fixed::RegistrableMemory>>,
     ) -> Result<(), TransferError> {
-        let all: Vec<Piece> = pieces(segments, knobs.block_size).collect();
-        let threads = self.max_threads.min(knobs.queue_depth.max(1)).min(all.len());
+        let all: Vec<Piece> = pieces(segments, params.block_size).collect();
+        let threads = self.max_threads.min(params.queue_depth.max(1)).min(all.len());
         if threads <= 1 {
             for mut p in all {
                 move_piece_blocking(direction, &mut p)?;

@@ -1,6 +1,8 @@
 //! Ops on the calling thread: DeepSpeed's `read`/`write`, small
 //! blocking ops, and one-shot transfers without a handle (on the calling
 //! thread's own engine, made afresh in a child of `fork()`: see `threads.rs`).
+//! The first and the last are DeepSpeed-shaped, so crate-internal:
+//! `crate::deepspeed` calls them.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -23,7 +25,7 @@ impl IoHandle {
     /// `read`/`write`: one synchronous, unsplit transfer on the calling
     /// thread (always through the CPU path, bouncing device memory). It
     /// takes effect after the pending ops it shares memory or file bytes with.
-    pub fn transfer_inline(&self, request: OpRequest<'_>) -> Result<()> {
+    pub(crate) fn transfer_inline(&self, request: OpRequest<'_>) -> Result<()> {
         self.check_process()?;
         self.waiting(|| {
             self.settle_memory_conflicts(&request);
@@ -100,7 +102,7 @@ impl IoHandle {
     /// knobs, without a handle (DeepSpeed's `aio_read`/`aio_write`): no
     /// worker threads are started; the engine is kept per calling thread and
     /// reused by its next call.
-    pub fn transfer_once(config: &HandleConfig, request: OpRequest<'_>) -> Result<()> {
+    pub(crate) fn transfer_once(config: &HandleConfig, request: OpRequest<'_>) -> Result<()> {
         config.validate()?;
         let kind = resolve_engine(config)?;
         let follows_files = crate::engine::choice::follows_files(config.engine, kind);

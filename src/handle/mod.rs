@@ -39,6 +39,12 @@
 //! fails at once saying so, and dropping it leaks its parts instead of
 //! waiting for threads that do not exist there.
 //!
+//! The handle's public methods are the Rust API (`read_into`/`write_from`,
+//! `scope`, `submit_read`/`submit_write` and `wait`, statistics, GDS
+//! registration); DeepSpeed's calls (`pread`/`pwrite` with `is_async`,
+//! whole requests, `read`/`write`, `aio_read`) are `pub(crate)` and reached
+//! from outside only through `crate::deepspeed`.
+//!
 //! One concept per file: `api` (the handle and the Rust API), `submit`
 //! (the queue, ordering and waits), `latch` (an op in flight), `workers`
 //! (threads and op streams), `calling_thread` (ops on the caller's thread),

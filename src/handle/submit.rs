@@ -1,5 +1,8 @@
 //! Submitting ops and waiting for them: the queue, the order of ops on
-//! shared memory and file bytes, blocking calls and `wait()`.
+//! shared memory and file bytes, blocking calls and `wait()`. The
+//! DeepSpeed-shaped entry points here (`submit`, `pread`/`pwrite`, the
+//! polling `*_with` pair) are crate-internal: the Rust API (`api.rs`,
+//! `scoped.rs`) is built on them, and `crate::deepspeed` exposes them.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -91,7 +94,7 @@ impl IoHandle {
     /// `is_async` returns 0 at once; otherwise waits for every pending op and
     /// returns how many finished. The buffer's [`BufferDesc`] contract holds
     /// until the op is finished.
-    pub fn submit(&self, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
+    pub(crate) fn submit(&self, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
         self.submit_blocking_with(request, is_async, Duration::MAX, &mut || Ok(()))
     }
 
@@ -240,7 +243,7 @@ impl IoHandle {
     /// streaming through bounce windows stops at its next window instead
     /// (the error names how far it got). Blocking calls on one handle stay
     /// serialised.
-    pub fn submit_blocking_with(
+    pub(crate) fn submit_blocking_with(
         &self,
         request: OpRequest<'_>,
         is_async: bool,
@@ -260,7 +263,7 @@ impl IoHandle {
 
     /// [`IoHandle::wait`] in steps of `poll`, calling `between` between
     /// them; see [`IoHandle::submit_blocking_with`].
-    pub fn wait_with(
+    pub(crate) fn wait_with(
         &self,
         poll: Duration,
         between: &mut dyn FnMut() -> Result<()>,
@@ -279,7 +282,7 @@ impl IoHandle {
     /// meaning: a parallel read, async (returns 0) or blocking (returns the
     /// ops finished). `buffer`'s contract ([`BufferDesc::from_raw_parts`])
     /// holds until the op is finished.
-    pub fn pread(
+    pub(crate) fn pread(
         &self,
         buffer: BufferDesc,
         target: FileTarget<'_>,
@@ -293,7 +296,7 @@ impl IoHandle {
     }
 
     /// `pwrite(buffer, target, file_offset, async)`: as [`IoHandle::pread`], writing.
-    pub fn pwrite(
+    pub(crate) fn pwrite(
         &self,
         buffer: BufferDesc,
         target: FileTarget<'_>,

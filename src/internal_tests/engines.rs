@@ -25,7 +25,7 @@ fn engines_move_many_segments_with_every_knob() {
                     let path = dir.file(&format!("{kind:?}-{direct}-{block}-{qd}-{ss}-{oe}.bin"));
                     let data = pattern(block as u64 ^ qd as u64, len);
                     let src = Pinned::with(&data);
-                    let knobs = AioParams { block_size: block, queue_depth: qd, single_submit: ss, overlap_events: oe };
+                    let params = AioParams { block_size: block, queue_depth: qd, single_submit: ss, overlap_events: oe };
                     let mut eng = engine::create(kind, qd).unwrap();
                     assert_eq!(eng.kind(), kind);
                     // Three segments out of order in the file, 4 KiB aligned
@@ -45,14 +45,14 @@ fn engines_move_many_segments_with_every_knob() {
                     };
                     let total = cut[3];
                     let wfd = fd_for(&path, true, direct);
-                    eng.run(Direction::Write, &segs(wfd, src.ptr()), &knobs).unwrap();
+                    eng.run(Direction::Write, &segs(wfd, src.ptr()), &params).unwrap();
                     close_fd(wfd);
-                    assert_bytes_eq(&read_file(&path), &data[..total], &format!("{kind:?} write {knobs:?} direct={direct}"));
+                    assert_bytes_eq(&read_file(&path), &data[..total], &format!("{kind:?} write {params:?} direct={direct}"));
                     let dst = Pinned::new(len);
                     let rfd = fd_for(&path, false, direct);
-                    eng.run(Direction::Read, &segs(rfd, dst.ptr()), &knobs).unwrap();
+                    eng.run(Direction::Read, &segs(rfd, dst.ptr()), &params).unwrap();
                     close_fd(rfd);
-                    assert_bytes_eq(&dst.as_slice()[..total], &data[..total], &format!("{kind:?} read {knobs:?}"));
+                    assert_bytes_eq(&dst.as_slice()[..total], &data[..total], &format!("{kind:?} read {params:?}"));
                 }
             }
         }
@@ -69,9 +69,9 @@ fn engines_report_end_of_file_as_enodata_with_offset() {
             let mut eng = engine::create(kind, 4).unwrap();
             let dst = Pinned::new(20_000);
             let fd = open_fd(&path, libc::O_RDONLY);
-            let knobs = AioParams { block_size: 3000, queue_depth: 4, single_submit: ss, overlap_events: oe };
+            let params = AioParams { block_size: 3000, queue_depth: 4, single_submit: ss, overlap_events: oe };
             let seg = Segment { fd, file_offset: 0, addr: dst.ptr(), len: 20_000 };
-            let e = eng.run(Direction::Read, &[seg], &knobs).unwrap_err();
+            let e = eng.run(Direction::Read, &[seg], &params).unwrap_err();
             close_fd(fd);
             assert_eq!(e.errno, libc::ENODATA, "{kind:?}: {e}");
             assert!(e.file_offset >= 10_000 && e.file_offset < 20_000, "{kind:?}: offset of the missing bytes: {e}");

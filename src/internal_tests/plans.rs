@@ -19,12 +19,12 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
     let path = dir.file("f.bin");
     write_file(&path, &vec![0u8; 1 << 20]);
     let m = PinnedMemoryManager::shared();
-    let knobs = AioParams { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
+    let params = AioParams { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
     for par in 1..=4usize {
         let len = 12 * 4096 * 5;
         let buf = Pinned::new(len);
         let req = request(Direction::Read, FileTarget::Path(&path), 8192, buf.desc());
-        let op = queued(CpuOp::prepare(req, par, knobs, m, Mode::Async).unwrap());
+        let op = queued(CpuOp::prepare(req, par, params, m, Mode::Async).unwrap());
         assert!(op.is_direct(), "pinned memory goes direct");
         let plan = op.plan();
         assert_eq!(plan.slices.len(), par);
@@ -42,7 +42,7 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
         assert!(flags & libc::O_DIRECT != 0, "the test directory must support O_DIRECT");
         // Block size rounded to the O_DIRECT unit for the direct segments.
-        assert_eq!(plan.direct_knobs.block_size % 512, 0);
+        assert_eq!(plan.direct_params.block_size % 512, 0);
         let mut op = op;
         OpCompletion::finish(&mut op, Ok(())).unwrap();
     }
@@ -52,7 +52,7 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
     let op = CpuOp::prepare(
         request(Direction::Write, FileTarget::Path(&path), 1, buf.narrow(1, 10_000)),
         1,
-        AioParams { block_size: 1000, ..knobs },
+        AioParams { block_size: 1000, ..params },
         m,
         Mode::Async,
     )
@@ -62,12 +62,12 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
     assert_eq!(s.buffered.len(), 2, "head and tail go buffered: {s:?}");
     assert_eq!(s.direct.len(), 1);
     assert_eq!(s.direct[0].file_offset % 512, 0);
-    assert_eq!(op.plan().direct_knobs.block_size, 512, "block 1000 rounds down to 512 for O_DIRECT");
+    assert_eq!(op.plan().direct_params.block_size, 512, "block 1000 rounds down to 512 for O_DIRECT");
     drop(op);
     // Memory misaligned differently from the file offset cannot go direct:
     // the whole slice goes buffered (never a failing O_DIRECT request).
     let req = request(Direction::Write, FileTarget::Path(&path), 1, buf.narrow(0, 10_000));
-    let op = queued(CpuOp::prepare(req, 1, knobs, m, Mode::Async).unwrap());
+    let op = queued(CpuOp::prepare(req, 1, params, m, Mode::Async).unwrap());
     let s = &op.plan().slices[0];
     assert!(s.direct.is_empty() && s.buffered.len() == 1 && s.buffered[0].len == 10_000, "{s:?}");
     drop(op);
@@ -95,9 +95,9 @@ fn plans_cover_the_op_exactly_and_direct_segments_own_whole_pages() {
         // Memory skewed like the file offset (so the body can go direct), or randomly.
         let skew = if rng.range(0, 1) == 0 { off as usize % 4096 } else { rng.range(0, 4095) };
         let direction = if rng.range(0, 1) == 0 { Direction::Read } else { Direction::Write };
-        let knobs = AioParams { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
+        let params = AioParams { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
         let req = request(direction, FileTarget::Path(&path), off as i64, region.narrow(skew, len));
-        let op = queued(CpuOp::prepare(req, par, knobs, m, Mode::Async).unwrap());
+        let op = queued(CpuOp::prepare(req, par, params, m, Mode::Async).unwrap());
         let plan = op.plan();
         let mut covered: Vec<(u64, u64)> = Vec::new();
         for s in &plan.slices {
@@ -136,7 +136,7 @@ fn pinned_memory_goes_direct_and_heap_memory_bounces() {
     let path = dir.file("f.bin");
     write_file(&path, &pattern(1, 1 << 16));
     let m = PinnedMemoryManager::shared();
-    let knobs = AioParams { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
+    let params = AioParams { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
     let p = Pinned::new(1 << 16);
     let mut v = vec![0u8; 1 << 16];
 
@@ -157,7 +157,7 @@ fn pinned_memory_goes_direct_and_heap_memory_bounces() {
             continue;
         }
         for direction in [Direction::Read, Direction::Write] {
-            let op = queued(CpuOp::prepare(request(direction, FileTarget::Path(&path), 0, buf), 1, knobs, m, Mode::Async).unwrap());
+            let op = queued(CpuOp::prepare(request(direction, FileTarget::Path(&path), 0, buf), 1, params, m, Mode::Async).unwrap());
             assert_eq!(op.is_direct(), direct, "{what} {direction:?}");
             drop(op);
         }
@@ -165,7 +165,7 @@ fn pinned_memory_goes_direct_and_heap_memory_bounces() {
     // Non-contiguous or device memory without a copier is refused, not guessed at.
     for buf in [p.desc().contiguous(false), p.desc().located(Location::OtherDevice)] {
         let req = request(Direction::Write, FileTarget::Path(&path), 0, buf);
-        let e = CpuOp::prepare(req, 1, knobs, m, Mode::Async).err().unwrap();
+        let e = CpuOp::prepare(req, 1, params, m, Mode::Async).err().unwrap();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     }
     // A bounced write leaves the caller's memory alone; a bounced read

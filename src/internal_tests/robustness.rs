@@ -228,10 +228,10 @@ impl OpWork for PanicMidRun {
     }
     fn run_slice(&self, _index: usize, engine: &mut dyn Engine) -> Result<()> {
         let seg = crate::engine::Segment { fd: self.fd, file_offset: 0, addr: self.mem as *mut u8, len: self.len };
-        let knobs = crate::engine::AioParams { block_size: 1 << 20, queue_depth: 32, single_submit: false, overlap_events: true };
+        let params = crate::engine::AioParams { block_size: 1 << 20, queue_depth: 32, single_submit: false, overlap_events: true };
         // The third completion panics, with the rest of the run in flight.
         crate::engine::fault::panic_after_completions(2);
-        engine.run_with(crate::Direction::Read, &[seg], &knobs, None).map_err(Error::from)
+        engine.run_with(crate::Direction::Read, &[seg], &params, None).map_err(Error::from)
     }
     fn slice_error(&self, index: usize, detail: String) -> Error {
         Error::Engine(format!("slice {index}: {detail}"))

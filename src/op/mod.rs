@@ -40,7 +40,8 @@ use plan::{plan_op, OpPlan};
 use window::WindowedOp;
 use work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
 
-/// A request to move one buffer.
+/// A request to move one buffer, as DeepSpeed's calls make it (an `i64`
+/// offset, a front end's staging, `validate`): what [`crate::deepspeed::calls`] take.
 pub struct OpRequest<'a> {
     pub direction: Direction,
     pub target: FileTarget<'a>,
@@ -150,7 +151,7 @@ impl CpuOp {
     pub fn prepare(
         request: OpRequest<'_>,
         parallelism: usize,
-        knobs: AioParams,
+        params: AioParams,
         manager: &PinnedMemoryManager,
         mode: Mode,
     ) -> Result<Prepared> {
@@ -190,11 +191,11 @@ impl CpuOp {
             };
             let skew = (file_offset % page_size() as u64) as usize;
             let caller = host.then_some(CallerMemory { addr: given.0, len });
-            let window = window::window_bytes(parallelism, &knobs);
+            let window = window::window_bytes(parallelism, &params);
             if mode == Mode::Blocking && len > window {
                 if let Some(caller) = caller {
                     let op = WindowedOp::new(direction, file, file_offset, caller, staging, skew, validate);
-                    return Ok(Prepared::Windowed(op.with_geometry(parallelism, knobs, window)));
+                    return Ok(Prepared::Windowed(op.with_geometry(parallelism, params, window)));
                 }
             }
             // Unlocked: O_DIRECT needs alignment, not locking, and locked
@@ -219,7 +220,7 @@ impl CpuOp {
             IoMemory::Direct { .. } => buffer.ptr(),
             IoMemory::Bounce { buffer: bounce, skew, .. } => bounce.as_ptr().wrapping_add(*skew),
         };
-        let plan = plan_op(direction, &mut file, file_offset, io_ptr, len, parallelism, knobs, registrable)?;
+        let plan = plan_op(direction, &mut file, file_offset, io_ptr, len, parallelism, params, registrable)?;
         Ok(Prepared::Op(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate, given, footprint, copied_out: false, copy_error: None }))
     }
 

@@ -54,9 +54,9 @@ pub(crate) struct OpPlan {
     /// The caller's descriptor when the op was given one instead of a path.
     pub caller_fd: Option<RawFd>,
     pub slices: Vec<SlicePlan>,
-    pub knobs: AioParams,
-    /// `knobs` with the block size rounded to the O_DIRECT alignment.
-    pub direct_knobs: AioParams,
+    pub params: AioParams,
+    /// `params` with the block size rounded to the O_DIRECT alignment.
+    pub direct_params: AioParams,
     /// The registrable memory the I/O goes to or from (a managed region or
     /// the bounce buffer): rings name it as a fixed buffer.
     pub registrable: Option<Arc<RegistrableMemory>>,
@@ -105,11 +105,11 @@ impl OpPlan {
             false => *params,
         };
         if !slice.buffered.is_empty() {
-            let params = params_for(&self.knobs, &slice.buffered);
+            let params = params_for(&self.params, &slice.buffered);
             engine.run_with(self.direction, &slice.buffered, &params, memory).map_err(attach)?;
         }
         if !slice.direct.is_empty() {
-            let params = params_for(&self.direct_knobs, &slice.direct);
+            let params = params_for(&self.direct_params, &slice.direct);
             engine.run_with(self.direction, &slice.direct, &params, memory).map_err(attach)?;
         }
         Ok(())
@@ -131,11 +131,11 @@ impl OpWork for OpPlan {
         if self.punting_fs.is_some() {
             return None;
         }
-        let knobs = self.direct_knobs;
+        let params = self.direct_params;
         let streams = slice.buffered.is_empty()
             && !slice.direct.is_empty()
-            && knobs.overlap_events
-            && !knobs.single_submit;
+            && params.overlap_events
+            && !params.single_submit;
         if !streams {
             return None;
         }
@@ -152,7 +152,7 @@ impl OpWork for OpPlan {
         let run = StreamRun {
             direction: self.direction,
             segments: slice.direct.clone(),
-            knobs,
+            params,
             memory: self.registrable.clone(),
         };
         Some((run, footprint))
@@ -285,7 +285,7 @@ pub(crate) fn plan_op(
     io_ptr: *mut u8,
     len: usize,
     parallelism: usize,
-    knobs: AioParams,
+    params: AioParams,
     registrable: Option<Arc<crate::engine::fixed::RegistrableMemory>>,
 ) -> Result<Arc<OpPlan>> {
     let direct = file.direct();
@@ -294,17 +294,17 @@ pub(crate) fn plan_op(
         let fd = file.buffered_fd()?;
         patch_buffered_fd(&mut slices, fd);
     }
-    let direct_knobs = match direct {
-        Some((_, a)) => AioParams { block_size: (knobs.block_size / a.offset).max(1) * a.offset, ..knobs },
-        None => knobs,
+    let direct_params = match direct {
+        Some((_, a)) => AioParams { block_size: (params.block_size / a.offset).max(1) * a.offset, ..params },
+        None => params,
     };
     Ok(Arc::new(OpPlan {
         direction,
         path: file.path().map(|p| p.to_path_buf()),
         caller_fd: file.caller_fd(),
         slices,
-        knobs,
-        direct_knobs,
+        params,
+        direct_params,
         registrable,
         file_identity: file.identity(),
         punting_fs: punting_fs_of(file),

@@ -30,8 +30,8 @@ use crate::pinned::page_size;
 /// One window's bytes for a handle's geometry: [`BOUNCE_WINDOW_BYTES`], or a
 /// block per worker when that is more, in whole pages (so each chunk keeps
 /// the op's alignment).
-pub(crate) fn window_bytes(parallelism: usize, knobs: &AioParams) -> usize {
-    let per_worker_block = parallelism.max(1).saturating_mul(knobs.block_size.max(1));
+pub(crate) fn window_bytes(parallelism: usize, params: &AioParams) -> usize {
+    let per_worker_block = parallelism.max(1).saturating_mul(params.block_size.max(1));
     let page = page_size();
     BOUNCE_WINDOW_BYTES.max(per_worker_block).div_ceil(page) * page
 }
@@ -39,8 +39,8 @@ pub(crate) fn window_bytes(parallelism: usize, knobs: &AioParams) -> usize {
 /// How many windows keep the handle's queue full with two more being
 /// copied, within [`BOUNCE_WINDOWS_MIN`]..=[`BOUNCE_WINDOWS_MAX`] and
 /// [`BOUNCE_WINDOWS_MAX_BYTES`] in all.
-pub(crate) fn window_count(parallelism: usize, knobs: &AioParams, window: usize) -> usize {
-    let queue = parallelism.max(1).saturating_mul(knobs.queue_depth.max(1)).saturating_mul(knobs.block_size.max(1));
+pub(crate) fn window_count(parallelism: usize, params: &AioParams, window: usize) -> usize {
+    let queue = parallelism.max(1).saturating_mul(params.queue_depth.max(1)).saturating_mul(params.block_size.max(1));
     let most = (BOUNCE_WINDOWS_MAX_BYTES / window.max(1)).clamp(BOUNCE_WINDOWS_MIN, BOUNCE_WINDOWS_MAX);
     (queue.div_ceil(window.max(1)) + 2).clamp(BOUNCE_WINDOWS_MIN, most)
 }
@@ -66,7 +66,7 @@ pub(crate) struct WindowedOp {
     skew: usize,
     validate: bool,
     parallelism: usize,
-    knobs: AioParams,
+    params: AioParams,
     window: usize,
 }
 
@@ -80,12 +80,12 @@ impl WindowedOp {
         skew: usize,
         validate: bool,
     ) -> WindowedOp {
-        let knobs = AioParams { block_size: 1, queue_depth: 1, single_submit: false, overlap_events: true };
-        WindowedOp { direction, file, file_offset, caller, staging, skew, validate, parallelism: 1, knobs, window: 1 }
+        let params = AioParams { block_size: 1, queue_depth: 1, single_submit: false, overlap_events: true };
+        WindowedOp { direction, file, file_offset, caller, staging, skew, validate, parallelism: 1, params, window: 1 }
     }
 
-    pub(super) fn with_geometry(mut self, parallelism: usize, knobs: AioParams, window: usize) -> WindowedOp {
-        (self.parallelism, self.knobs, self.window) = (parallelism, knobs, window);
+    pub(super) fn with_geometry(mut self, parallelism: usize, params: AioParams, window: usize) -> WindowedOp {
+        (self.parallelism, self.params, self.window) = (parallelism, params, window);
         self
     }
 
@@ -132,7 +132,7 @@ impl WindowedOp {
         let io_ptr = window.as_ptr().wrapping_add(self.skew);
         let memory = window.registrable().cloned();
         let file_offset = self.file_offset + off as u64;
-        plan_op(self.direction, &mut self.file, file_offset, io_ptr, n, self.parallelism, self.knobs, memory)
+        plan_op(self.direction, &mut self.file, file_offset, io_ptr, n, self.parallelism, self.params, memory)
     }
 
     /// Starts the op with `runner` and runs it to its end, calling `between`
@@ -145,7 +145,7 @@ impl WindowedOp {
     pub fn start<R: ChunkRunner>(self, runner: R, between: &mut dyn FnMut() -> Result<()>) -> Windowed<R> {
         let len = self.caller.len;
         let chunks = len.div_ceil(self.window);
-        let count = window_count(self.parallelism, &self.knobs, self.window).min(runner.depth().max(1)).min(chunks);
+        let count = window_count(self.parallelism, &self.params, self.window).min(runner.depth().max(1)).min(chunks);
         let what = self.what();
         let mut windows = Vec::with_capacity(count);
         for _ in 0..count {

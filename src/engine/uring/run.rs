@@ -42,7 +42,7 @@ impl Engine for UringEngine {
         &mut self,
         direction: Direction,
         segments: &[Segment],
-        knobs: &AioParams,
+        params: &AioParams,
         memory: Option<&Arc<RegistrableMemory>>,
     ) -> std::result::Result<(), TransferError> {
         let first_fd = segments.first().map(|s| s.fd).unwrap_or(-1);
@@ -64,8 +64,8 @@ impl Engine for UringEngine {
         let fixed = memory.and_then(|_| self.fixed.clone());
         let mut table = fixed.as_deref().map(take_table);
         // Pieces longer than u32 cannot be one SQE; block sizes are ints anyway.
-        let block = knobs.block_size.clamp(1, 1 << 30);
-        let depth = knobs.queue_depth.clamp(1, self.capacity);
+        let block = params.block_size.clamp(1, 1 << 30);
+        let depth = params.queue_depth.clamp(1, self.capacity);
         let mut todo = pieces(segments, block).peekable();
         let mut in_flight = 0usize;
         let mut first_error: Option<TransferError> = None;
@@ -85,7 +85,7 @@ impl Engine for UringEngine {
                 continue;
             }
             // Fill: in batch mode only when the previous batch is fully done.
-            let may_fill = !yielding && first_error.is_none() && (knobs.overlap_events || in_flight == 0);
+            let may_fill = !yielding && first_error.is_none() && (params.overlap_events || in_flight == 0);
             if may_fill {
                 while in_flight < depth {
                     let Some(piece) = todo.next() else { break };
@@ -93,7 +93,7 @@ impl Engine for UringEngine {
                     self.slots[slot] = Some(piece);
                     self.push(direction, slot, memory, table.as_deref_mut());
                     in_flight += 1;
-                    if knobs.single_submit {
+                    if params.single_submit {
                         if let Err(errno) = self.submit_wait(0) {
                             return Err(self.abandon(in_flight, ring_error(errno)));
                         }
@@ -104,7 +104,7 @@ impl Engine for UringEngine {
                 break;
             }
             // Wait: for one completion when overlapping, else the whole batch.
-            let want = if knobs.overlap_events { 1 } else { in_flight };
+            let want = if params.overlap_events { 1 } else { in_flight };
             if let Err(errno) = self.submit_wait(want) {
                 return Err(self.abandon(in_flight, first_error.unwrap_or(ring_error(errno))));
             }
@@ -118,7 +118,7 @@ impl Engine for UringEngine {
                     Settled::Again => {
                         self.slots[slot] = Some(piece);
                         self.push(direction, slot, memory, table.as_deref_mut());
-                        if knobs.single_submit {
+                        if params.single_submit {
                             if let Err(errno) = self.submit_wait(0) {
                                 return Err(self.abandon(in_flight, ring_error(errno)));
                             }

@@ -89,7 +89,7 @@ impl UringEngine {
                     match source.next_run() {
                         Some(run) => {
                             if active.is_empty() && in_flight == 0 {
-                                depth = run.knobs.queue_depth.clamp(1, self.capacity);
+                                depth = run.params.queue_depth.clamp(1, self.capacity);
                             }
                             let memory = run.memory.filter(|_| fixed.is_some());
                             if memory.is_some() && table.is_none() {
@@ -100,7 +100,7 @@ impl UringEngine {
                                 table = Some(take_table(fixed.as_deref().expect("fixed table")));
                             }
                             // Pieces longer than u32 cannot be one SQE.
-                            let block = run.knobs.block_size.clamp(1, 1 << 30);
+                            let block = run.params.block_size.clamp(1, 1 << 30);
                             active.push(StreamedRun {
                                 n: next_n,
                                 direction: run.direction,
