@@ -21,8 +21,10 @@ cargo test --doc
 
 # The workspace lints (Cargo.toml: every unsafe block says why it is sound)
 # and clippy's defaults, over every feature (the cxx bridge, the pyo3 module).
-say "cargo clippy (workspace lints, all features)"
+say "cargo clippy (workspace lints, all features) and rustdoc"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+# Broken or private intra-doc links in the API docs fail too.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 
 # Where io_uring is blocked (Docker's default seccomp answers EPERM), the psync
 # engine must carry everything. As root, simulate that for a second pass of

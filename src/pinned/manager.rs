@@ -148,9 +148,9 @@ impl PinnedMemoryManager {
     /// Frees the region whose base is exactly `base`. Returns whether
     /// anything was freed; an interior pointer or unknown address is refused.
     ///
-    /// The region stops being managed at once (and a [`LockedBuffer`]'s is
+    /// The region stops being managed at once (and a [`LockedBuffer`](super::LockedBuffer)'s is
     /// unlocked at once, its mapping kept for its owner). When an async op is still
-    /// moving bytes to or from it (it holds a [`RegionHold`]), the unlock and
+    /// moving bytes to or from it (it holds a `RegionHold`), the unlock and
     /// unmap wait for the last such op to finish: the memory stays mapped, so
     /// its address cannot be handed out again and the pending I/O cannot
     /// land in a new allocation.
