@@ -284,7 +284,7 @@ def write_build_info(path):
 def main():
     setup(
         name="deepnvme",
-        version="0.1.0",
+        version=_core_build.cargo_package_version(ROOT / "Cargo.toml"),
         description="DeepSpeed DeepNVMe ops (async_io, gds, pin_memory) backed by a Rust core",
         packages=["deepnvme"],
         ext_modules=make_extensions(),

@@ -52,7 +52,6 @@ __all__ = [
     "OPS", "FRONTEND_ENV", "choose_frontend", "load_op", "op_unavailable_reason", "native", "stats",
     "provided_ops", "include_dir", "library_dir", "libraries", *FRONTEND_API,
 ]
-__version__ = "0.1.0"
 
 OPS = ("async_io", "pin_memory", "gds")
 
@@ -65,7 +64,29 @@ def __getattr__(name):
         value = getattr(importlib.import_module("deepnvme.frontend"), name)
         globals()[name] = value  # later lookups skip this function
         return value
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     raise AttributeError(f"module 'deepnvme' has no attribute {name!r}")
+
+
+def _version():
+    """The version Cargo.toml gives (the one source): from the installed
+    distribution's metadata (setup.py and maturin both take it from there),
+    else from the checkout this package lives in."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("deepnvme")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    cargo = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "Cargo.toml")
+    try:
+        from deepnvme._core_build import cargo_package_version
+
+        return cargo_package_version(cargo)
+    except (OSError, ValueError):
+        return "0+unknown"
 
 
 def __dir__():

@@ -160,3 +160,16 @@ def link_native(staticlib, out_dir, build_temp, log=_log):
 def bridge_sha256(include_dir):
     """sha256 of the generated bridge header in a cxx include folder."""
     return hashlib.sha256((Path(include_dir) / BRIDGE_HEADER).read_bytes()).hexdigest()
+
+
+def cargo_package_version(cargo_toml):
+    """[package] version of a Cargo.toml (the workspace's, which every crate inherits)."""
+    section = None
+    with open(cargo_toml, encoding="utf-8") as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("["):
+                section = line.strip("[]").strip()
+            elif section in ("package", "workspace.package") and line.replace(" ", "").startswith("version="):
+                return line.split("=", 1)[1].strip().strip('"')
+    raise ValueError(f"{cargo_toml} has no [package] version")

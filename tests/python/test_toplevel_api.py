@@ -81,3 +81,19 @@ print("TOP-LEVEL-NO-TORCH-OK")
 """
     proc = run_python(code, env={"DEEPNVME_FRONTEND": ""})
     assert proc.returncode == 0 and "TOP-LEVEL-NO-TORCH-OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_one_version_everywhere():
+    # Cargo.toml's workspace version is the one source: the installed
+    # distribution (setup.py or maturin), deepnvme.__version__ and the
+    # native module's (CARGO_PKG_VERSION) all say it.
+    import importlib.metadata
+    import os
+
+    from deepnvme._core_build import cargo_package_version
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cargo = cargo_package_version(os.path.join(root, "Cargo.toml"))
+    assert deepnvme.__version__ == cargo
+    assert deepnvme.native().__version__ == cargo
+    assert importlib.metadata.version("deepnvme") == cargo
