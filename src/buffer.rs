@@ -253,10 +253,7 @@ unsafe impl IoBuffer for Box<[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8).collect()
-    }
+    use crate::test_support::pattern;
 
     /// Both directions copy `min(described, bounce)` bytes and touch nothing
     /// past either end, at odd lengths, with a bounce buffer shorter than,
@@ -269,7 +266,7 @@ mod tests {
             [(0, 5), (1, 0), (1, 1), (7, 3), (3, 7), (4097, 4096), (65_537, 131_075), (200_003, 65_539), (big, big - 1)]
         {
             // One allocation with guard bytes either side of the described range.
-            let mut caller = pattern(described + 34, 1);
+            let mut caller = pattern(1, described + 34);
             let original = caller.clone();
             // SAFETY: `caller` outlives the copier and is used only through it meanwhile.
             let desc = unsafe { BufferDesc::from_raw_parts(caller.as_mut_ptr().add(17), described) };
@@ -281,7 +278,7 @@ mod tests {
             assert_eq!(&bounce[..n], &original[17..17 + n], "{described} {bounce_len}: bytes in");
             assert!(bounce[n..].iter().all(|&b| b == 0xEE), "{described} {bounce_len}: nothing past n in the bounce");
 
-            let incoming = pattern(bounce_len, 99);
+            let incoming = pattern(99, bounce_len);
             assert_eq!(memcpy.bytes_from_bounce(&incoming), n, "{described} {bounce_len}");
             assert_eq!(&caller[17..17 + n], &incoming[..n], "{described} {bounce_len}: bytes out");
             assert_eq!(&caller[17 + n..], &original[17 + n..], "{described} {bounce_len}: nothing past n");

@@ -112,7 +112,7 @@ mod tests {
 
     #[test]
     fn streaming_copies_move_every_byte_at_any_alignment_and_length() {
-        let src: Vec<u8> = (0..(STREAMING_MIN * 3 + 77)).map(|i| (i * 7 + i / 251) as u8).collect();
+        let src = crate::test_support::pattern(0xC0, STREAMING_MIN * 3 + 77);
         let cases = [(0, 0, STREAMING_MIN), (1, 3, STREAMING_MIN + 5), (15, 0, 2 * STREAMING_MIN + 63), (7, 9, 100)];
         for (dst_off, src_off, len) in cases {
             let mut dst = vec![0xAAu8; len + 32];

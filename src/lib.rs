@@ -136,8 +136,7 @@ pub use op::OpRequest;
 pub use pinned::{LockedBuffer, PinnedMemoryManager};
 pub use stats::Stats;
 
-// The internal tests share tests/common, which names the crate `deepnvme`.
-#[cfg(test)]
-extern crate self as deepnvme;
 #[cfg(test)]
 mod internal_tests;
+#[cfg(test)]
+mod test_support;

@@ -40,49 +40,6 @@ pub(crate) fn plan_pieces(len: usize, parallelism: usize, block_size: usize) -> 
     pieces
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn check_cover(len: usize, p: usize, bs: usize) -> Vec<DevicePiece> {
-        let pieces = plan_pieces(len, p, bs);
-        let mut at = 0;
-        for (i, piece) in pieces.iter().enumerate() {
-            assert_eq!(piece.offset, at, "contiguous");
-            assert!(piece.len > 0, "no empty piece");
-            if i + 1 < pieces.len() {
-                assert_eq!((piece.offset + piece.len) % PIECE_ALIGN, 0, "inner boundary aligned");
-            }
-            at += piece.len;
-        }
-        assert_eq!(at, len, "covers exactly");
-        assert!(pieces.len() <= p.max(1));
-        pieces
-    }
-
-    #[test]
-    fn pieces_cover_the_transfer_aligned_and_bounded() {
-        assert!(plan_pieces(0, 4, 1 << 20).is_empty());
-        assert_eq!(check_cover(1000, 8, 1 << 20).len(), 1, "small: one piece, one thread");
-        assert_eq!(check_cover(4 << 20, 4, 1 << 20).len(), 4);
-        assert_eq!(check_cover(4 << 20, 8, 1 << 20).len(), 4, "never below one block per piece");
-        assert_eq!(check_cover(4 << 20, 1, 1 << 20).len(), 1);
-        for (len, p, bs) in [(10_000_000, 3, 4096), (123_457, 5, 1), (4096 * 7 + 1, 7, 4096), (1 << 30, 16, 1 << 20)] {
-            check_cover(len, p, bs);
-        }
-        assert_eq!(
-            check_cover(5 << 20, 4, 1 << 20),
-            vec![
-                DevicePiece { offset: 0, len: 1310720 },
-                DevicePiece { offset: 1310720, len: 1310720 },
-                DevicePiece { offset: 2621440, len: 1310720 },
-                DevicePiece { offset: 3932160, len: 1310720 },
-            ]
-        );
-    }
-
-}
 
 #[cfg(test)]
-#[path = "pieces_proptests.rs"]
-mod proptests;
+mod tests;

@@ -1,7 +1,7 @@
 //! The transfer engines on their own: many segments with every knob, and
 //! end of file reported as ENODATA with its offset.
 
-use super::common::*;
+use crate::test_support::*;
 use crate::engine::{self, AioParams, Segment};
 use crate::{Direction, EngineKind};
 

@@ -1,11 +1,7 @@
 //! Tests of the core's internals (engines, slice plans, the bounce
 //! decision, the handle's failure containment) on real files, real
 //! io_uring and real mlock. They live inside the crate because what they
-//! drive is crate-private; they share `tests/common` with the integration
-//! tests (the crate is visible to them as `deepnvme`).
-
-#[path = "../../tests/common/mod.rs"]
-mod common;
+//! drive is crate-private; their helpers are the crate's `test_support`.
 
 mod engines;
 mod plans;

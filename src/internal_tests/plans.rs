@@ -2,7 +2,7 @@
 //! page-aligned slices, direct bodies with buffered edges, exact coverage,
 //! and which buffers go direct.
 
-use super::common::*;
+use crate::test_support::*;
 use crate::engine::AioParams;
 use crate::op::work::OpCompletion;
 use crate::op::{is_direct_capable, CpuOp, Mode, Prepared};

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::common::*;
+use crate::test_support::*;
 use crate::engine::Engine;
 use crate::op::work::{OpCompletion, OpWork, PreparedOp};
 use crate::{Error, FileTarget, Result};

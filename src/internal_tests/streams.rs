@@ -3,7 +3,7 @@
 //! predecessors free, land right, keep their order where they share written
 //! bytes, and fail alone.
 
-use super::common::*;
+use crate::test_support::*;
 use crate::engine::EngineKind;
 use crate::{FileTarget, IoHandle};
 

@@ -21,9 +21,7 @@ impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static N: AtomicUsize = AtomicUsize::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
-        // Integration tests get CARGO_TARGET_TMPDIR; the crate's internal
-        // tests (which include this file) use target/tmp the same way.
-        let root = option_env!("CARGO_TARGET_TMPDIR").unwrap_or(concat!(env!("CARGO_MANIFEST_DIR"), "/target/tmp"));
+        let root = env!("CARGO_TARGET_TMPDIR");
         let path = Path::new(root)
             .join("deepnvme-core-tests")
             .join(format!("{tag}-{}-{n}", std::process::id()));
@@ -45,7 +43,10 @@ impl Drop for TempDir {
     }
 }
 
-/// xorshift64*: deterministic, good enough to make every byte distinct-ish.
+/// The tests' one seeded generator (xorshift64*): every seeded byte and
+/// random choice of a test comes from it. Deterministic per seed, good
+/// enough to make every byte distinct-ish. The twin of
+/// `src/test_support.rs`'s: keep the two the same.
 #[derive(Clone)]
 pub struct Rng(u64);
 

@@ -1,0 +1,262 @@
+//! Helpers of the crate's own tests (`#[cfg(test)]` only): the unit tests
+//! next to the code and `internal_tests/`. No extra crates: a temp dir
+//! under the target dir (real ext4, so O_DIRECT is real), the one seeded
+//! generator ([`Rng`], [`pattern`]), pinned/heap buffers and raw
+//! descriptors. The integration tests (a separate crate, which cannot see
+//! `cfg(test)` items) have their own `tests/common`, whose `Rng` is this
+//! one's twin: `the_generator_is_tests_commons_twin` below and its
+//! counterpart there pin both to the same bytes.
+#![allow(dead_code)]
+
+use std::fs;
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::{BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager};
+
+/// A directory removed on drop, under `target/tmp` of the checkout (the
+/// same file system as the checkout; integration tests use
+/// `CARGO_TARGET_TMPDIR`, which cargo sets only for them).
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/target/tmp");
+        let path = Path::new(root)
+            .join("deepnvme-core-tests")
+            .join(format!("{tag}-{}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).expect("creating the test directory");
+        TempDir { path }
+    }
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// The tests' one seeded generator (xorshift64*): every seeded byte and
+/// random choice of a test comes from it. Deterministic per seed, good
+/// enough to make every byte distinct-ish.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform-ish in `lo..=hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
+    }
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+}
+
+/// `len` pseudo-random bytes from `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    Rng::new(seed).fill(&mut v);
+    v
+}
+
+/// Asserts two byte slices are equal, reporting the first difference
+/// instead of dumping megabytes.
+#[track_caller]
+pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length differs");
+    if got == want {
+        return; // memcmp; the byte loop below only runs to report a failure
+    }
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        let n = got.iter().zip(want).filter(|(a, b)| a != b).count();
+        panic!(
+            "{what}: {n} bytes differ, first at byte {i} (got {:#04x}, want {:#04x})",
+            got[i], want[i]
+        );
+    }
+}
+
+/// Reports a skipped check on stderr, past libtest's output capture (which
+/// hides `eprintln!` of passing tests), so a skip is never silent.
+pub fn skip(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+}
+
+/// The engines to run every test body with. io_uring is skipped (loudly)
+/// only when the kernel refuses it, unless DEEPNVME_TEST_REQUIRE_URING is
+/// set, which turns the skip into a failure.
+pub fn engines() -> Vec<EngineKind> {
+    match crate::io_uring_status() {
+        Ok(()) => vec![EngineKind::Uring, EngineKind::Psync],
+        Err(why) => {
+            if std::env::var_os("DEEPNVME_TEST_REQUIRE_URING").is_some() {
+                panic!("io_uring is unavailable ({why}) but DEEPNVME_TEST_REQUIRE_URING is set");
+            }
+            skip(&format!("io_uring engine not tested: io_uring is unavailable here: {why}"));
+            vec![EngineKind::Psync]
+        }
+    }
+}
+
+pub fn config(engine: EngineKind) -> HandleConfig {
+    HandleConfig { engine: Some(engine), ..HandleConfig::default() }
+}
+
+pub fn handle(engine: EngineKind) -> IoHandle {
+    IoHandle::new(config(engine)).expect("creating a handle")
+}
+
+pub fn handle_with(
+    engine: EngineKind,
+    block_size: usize,
+    queue_depth: usize,
+    single_submit: bool,
+    overlap_events: bool,
+    intra_op_parallelism: usize,
+) -> IoHandle {
+    IoHandle::new(HandleConfig {
+        block_size,
+        queue_depth,
+        single_submit,
+        overlap_events,
+        intra_op_parallelism,
+        engine: Some(engine),
+    })
+    .expect("creating a handle")
+}
+
+/// Page-locked memory from the process-wide manager, freed on drop.
+pub struct Pinned {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain memory owned by this value.
+unsafe impl Send for Pinned {}
+// SAFETY: `&self` methods only read the memory; writes take `&mut self`.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    pub fn new(len: usize) -> Pinned {
+        let ptr = PinnedMemoryManager::shared()
+            .alloc(len)
+            .unwrap_or_else(|e| panic!("pinned alloc of {len} bytes for a test buffer: {e}"));
+        Pinned { ptr, len }
+    }
+    pub fn with(data: &[u8]) -> Pinned {
+        let mut p = Pinned::new(data.len());
+        p.as_mut_slice().copy_from_slice(data);
+        p
+    }
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` bytes of our mapping.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, unique through &mut.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+    /// The whole region as a buffer.
+    pub fn desc(&self) -> BufferDesc {
+        // SAFETY: the memory outlives every op on this desc (each is waited for here).
+        unsafe { BufferDesc::from_raw_parts(self.ptr(), self.len) }
+    }
+    /// A narrow `[off, off + len)` of the region.
+    pub fn narrow(&self, off: usize, len: usize) -> BufferDesc {
+        assert!(off + len <= self.len);
+        // SAFETY: inside the region.
+        unsafe { BufferDesc::from_raw_parts(self.ptr().add(off), len) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        assert!(PinnedMemoryManager::shared().free(self.ptr.as_ptr()), "freeing a pinned test buffer");
+    }
+}
+
+/// A plain heap buffer as an op buffer (not pinned: it must bounce).
+pub fn heap_desc(v: &mut [u8]) -> BufferDesc {
+    // SAFETY: the memory outlives every op on this desc (each is waited for here).
+    unsafe { BufferDesc::from_raw_parts(v.as_mut_ptr(), v.len()) }
+}
+
+pub fn request<'a>(direction: Direction, target: FileTarget<'a>, file_offset: i64, buffer: BufferDesc) -> OpRequest<'a> {
+    OpRequest { direction, target, file_offset, buffer, staging: None, validate: false }
+}
+
+/// Opens a file with raw flags (O_CLOEXEC added); panics on failure.
+pub fn open_fd(path: &Path, flags: i32) -> RawFd {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600 as libc::c_uint) };
+    assert!(fd >= 0, "open {}: {}", path.display(), std::io::Error::last_os_error());
+    fd
+}
+
+pub fn close_fd(fd: RawFd) {
+    // SAFETY: the caller owns fd.
+    assert_eq!(unsafe { libc::close(fd) }, 0, "close fd {fd}: {}", std::io::Error::last_os_error());
+}
+
+/// Whether `fd` is still an open descriptor.
+pub fn fd_is_open(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD only inspects the descriptor table.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+}
+
+/// Writes `data` to a fresh file (plain buffered I/O, no library code).
+pub fn write_file(path: &Path, data: &[u8]) {
+    fs::write(path, data).expect("writing a fixture file");
+}
+
+pub fn read_file(path: &Path) -> Vec<u8> {
+    fs::read(path).expect("reading back a file")
+}
+
+/// The generator gives the bytes `tests/common`'s twin gives (the
+/// integration tests' `core` binary pins the same ones), and its choices
+/// stay in range.
+#[test]
+fn the_generator_is_tests_commons_twin() {
+    assert_eq!(pattern(1, 16), [122, 72, 33, 154, 226, 179, 131, 13, 103, 157, 254, 241, 121, 76, 196, 84]);
+    assert_eq!(pattern(1, 5), pattern(1, 16)[..5], "a short tail takes the word's first bytes");
+    let mut rng = Rng::new(0x9A7);
+    let picks: Vec<usize> = (0..1000).map(|_| rng.range(3, 9)).collect();
+    assert!(picks.iter().all(|&p| (3..=9).contains(&p)));
+    assert!((3..=9).all(|v| picks.contains(&v)), "every value of the range comes up");
+}
