@@ -6,6 +6,9 @@
 //!
 //! Each case runs in a child process of this test binary, so that its peak
 //! resident memory (VmHWM) and its budget are its own.
+//!
+//! A binary of its own (not a module of `tests/core/`): it re-executes this
+//! binary's own child tests by name, each reading its process's peak (VmHWM).
 
 mod common;
 
@@ -62,9 +65,7 @@ fn child_large_plain_blocking_ops() {
     // An odd address: the buffer cannot go direct, whatever the allocator does.
     let mut backing = vec![0u8; BIG + 1];
     let data = &mut backing[1..];
-    for (i, chunk) in data.chunks_mut(1 << 20).enumerate() {
-        chunk.fill((i % 251) as u8 + 1);
-    }
+    Rng::new(0xB0).fill(data);
     let before = vm_status("VmRSS:");
     h.write_from(data, FileTarget::Path(&path), 0).unwrap();
     let mut back = vec![0u8; BIG + 1];

@@ -32,6 +32,11 @@
 //! fixed seed and a random one, printed on stderr and named in any failure.
 //! `DEEPNVME_MODEL_SEED=<n>` replaces the random seed to reproduce one. A
 //! watchdog aborts the test binary (naming the test) if a run hangs.
+//!
+//! A binary of its own (not a module of `tests/core/`): its runs lock more
+//! memory than a default RLIMIT_MEMLOCK allows beside other tests (they hold
+//! SERIAL), and the random seed is one per binary, replayed by `--test
+//! core_caller_memory_model`.
 
 mod common;
 

@@ -4,6 +4,10 @@
 //! `target/`) keep io_uring. Real mounts, real rings: the handle's own
 //! counters say which engine moved the bytes, and the kernel's `iou-wrk`
 //! threads show the reason for the rule.
+//!
+//! A binary of its own (not a module of `tests/core/`): it counts this
+//! process's threads (/proc/self/task) to see the kernel's `iou-wrk` workers;
+//! another file's rings would add to them.
 
 mod common;
 

@@ -13,6 +13,9 @@
 //!
 //! One test function drives them in order: `VmPin` is per process, and
 //! libtest would otherwise run them on parallel threads.
+//!
+//! A binary of its own (not a module of `tests/core/`): it reads VmPin (per
+//! process) and forks.
 
 mod common;
 

@@ -14,6 +14,10 @@
 //!   copy-on-write instead of getting a private copy of every pinned page.
 //!
 //! Both tests hold `SERIAL`: each measures (or provokes) the whole process.
+//!
+//! A binary of its own (not a module of `tests/core/`): it forks a
+//! multithreaded process and reads VmPin and the dirty pages of the whole
+//! process (see SERIAL above).
 
 mod common;
 

@@ -5,6 +5,10 @@
 //!
 //! The descriptor-counting tests need a quiet descriptor table, so every
 //! test in this file holds `SERIAL`.
+//!
+//! A binary of its own (not a module of `tests/core/`): it counts this
+//! process's open descriptors (/proc/self/fd) around handles, so no test of
+//! another file may open or close any meanwhile.
 
 mod common;
 

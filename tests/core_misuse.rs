@@ -7,6 +7,10 @@
 //! Every test here holds `SERIAL`: the fork tests must not fork while another
 //! test thread holds a lock, and the leak checks count the whole process's
 //! descriptors, threads and locked memory.
+//!
+//! A binary of its own (not a module of `tests/core/`): it forks, lowers
+//! RLIMIT_FSIZE and counts the whole process's descriptors, threads and
+//! locked memory (see SERIAL above).
 
 mod common;
 

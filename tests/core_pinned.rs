@@ -4,6 +4,10 @@
 //!
 //! VmLck is per process, so every test here that locks memory holds
 //! `VMLCK` and measures only its own change.
+//!
+//! A binary of its own (not a module of `tests/core/`): it measures VmLck,
+//! which is per process, and the RLIMIT_MEMLOCK error path; another file's
+//! pinned buffers would move the count.
 
 mod common;
 

@@ -3,6 +3,10 @@
 //! offsets, to distinct files and to disjoint (unaligned, page-sharing)
 //! ranges of one file. Every byte is verified. Plus cross-handle sharing of
 //! pinned memory. Deterministic seeds; a failure names the seed.
+//!
+//! A binary of its own (not a module of `tests/core/`): its tests together
+//! lock more memory than a default RLIMIT_MEMLOCK allows, so they hold
+//! SERIAL; sharing a binary, every test of the binary would have to hold it.
 
 mod common;
 

@@ -18,6 +18,9 @@
 //! Knobs: `DEEPNVME_GDS_TEST_DIR` (where the test file goes; it must accept
 //! O_DIRECT, so not tmpfs; default `target/gds-test`), `DEEPNVME_GDS_BENCH_MB`
 //! (also time a transfer of that many MiB each way; default 0 = skip).
+//!
+//! A binary of its own (not a module of `tests/core/`): it sets the cuFile
+//! library's variable (set_var), which the loader reads once per process.
 
 mod common;
 

@@ -7,6 +7,10 @@
 //! Every scenario passes both without a GPU (the errors must name what is
 //! missing) and on a GPU machine (where the same calls may succeed, and then
 //! the config/env rules are checked for real).
+//!
+//! A binary of its own (not a module of `tests/core/`): it re-executes this
+//! binary (`--exact child_entry`) with environment variables that cuFile's
+//! loader reads once per process.
 
 mod common;
 

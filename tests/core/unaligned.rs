@@ -4,9 +4,7 @@
 //! 1000-byte file; a write into a larger file keeps everything around it;
 //! a read returns exactly the file's bytes and touches nothing else.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
 use deepnvme::deepspeed::calls as ds;
 use deepnvme::{BufferDesc, Direction, EngineKind, Error, FileTarget, IoHandle, Location, OpRequest, Staging};

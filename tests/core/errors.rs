@@ -2,12 +2,10 @@
 //! returned (never an abort, never a silent success) and its message names
 //! the file, the offset and the errno or reason.
 
-mod common;
-
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
 use deepnvme::deepspeed::calls as ds;
 use deepnvme::{Direction, EngineKind, Error, FileTarget, HandleConfig, IoHandle};

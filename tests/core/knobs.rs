@@ -5,9 +5,7 @@
 //! engines on their own (segments, short reads at EOF) and the
 //! divisibility rule of parallel ops.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 // Whole requests and read/write (transfer_inline): DeepSpeed's calls.
 use deepnvme::deepspeed::calls as ds;
 use deepnvme::{Direction, EngineKind, Error, FileTarget, HandleConfig};

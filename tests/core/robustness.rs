@@ -5,12 +5,10 @@
 //!   hang `wait()` or the handle's drop, and the handle keeps working;
 //! * an async submit does not wait behind another thread's blocking call.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
 use deepnvme::deepspeed::calls as ds;
 use deepnvme::{Direction, FileTarget, OpRequest, Result, Staging};

@@ -9,15 +9,13 @@
 //! Needs root, losetup and loop support (/dev/loop-control); without them
 //! each test says why and returns. With them, a failing losetup fails.
 
-mod common;
-
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use common::*;
+use crate::common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
 use deepnvme::deepspeed::calls as ds;
 use deepnvme::{EngineKind, Error, FileTarget, LockedBuffer};
