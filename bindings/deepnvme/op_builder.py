@@ -47,6 +47,10 @@ OPS = {
     "gds": ("GDSBuilder", "DS_BUILD_GDS", "deepspeed.ops.gds.gds_op", _AIO_SHIMS + ("gds_handle.cc",)),
 }
 _CLASS_OP = {cls: op for op, (cls, _, _, _) in OPS.items()}
+# The op's shims compile as one translation unit that includes them all:
+# parsing torch's headers is most of a shim's compile time, and this pays it
+# once per op instead of once per shim (a cold build in about half the CPU).
+_UNITY = "deepnvme_shims.cc"
 CXX_FLAGS = ["-std=c++20", "-O2", "-g0", "-Wno-deprecated-declarations"]
 # DeepSpeed's pin_memory_load.py keeps the loaded pin_memory module here, process-wide.
 _PIN_MEMORY_CACHE = "_deepspeed_pin_memory_op_module"
@@ -199,6 +203,7 @@ def _stage(op, core):
     files = {f"binding/{op}/{name}": binding, f"link/{op}.map": _version_script(op).encode()}
     for shim in OPS[op][3] + ("glue.h",):
         files[f"csrc/{shim}"] = (core.csrc / shim).read_bytes()
+    files[f"csrc/{_UNITY}"] = "".join(f'#include "{shim}"\n' for shim in OPS[op][3]).encode()
     for header in sorted(core.include.glob("*.h")):
         files[f"include/{header.name}"] = header.read_bytes()
     for rel in (_core_build.BRIDGE_HEADER, Path("rust") / "cxx.h"):
@@ -269,8 +274,7 @@ def builder_class(op, base):
 
     def sources(self):
         staged = _stage(op, core_location())
-        return [str(p) for p in sorted((staged / "binding" / op).iterdir())] + \
-            [str(staged / "csrc" / shim) for shim in OPS[op][3]]
+        return [str(p) for p in sorted((staged / "binding" / op).iterdir())] + [str(staged / "csrc" / _UNITY)]
 
     def include_paths(self):
         staged = _stage(op, core_location())
