@@ -490,6 +490,24 @@ def main():
 
 # ---------------------------------------------------------------- output
 
+def grouped_bars(ax, cells, impls, width, colors, labels=None):
+    """One bar per implementation and cell (median GB/s, min-max as error
+    bars), the implementations side by side around each cell's tick."""
+    for k, impl in enumerate(impls):
+        xs, ys, lo, hi = [], [], [], []
+        for i, c in enumerate(cells):
+            v = c["gb_per_s"].get(impl)
+            if not v:
+                continue
+            m = med(v)
+            xs.append(i + (k - (len(impls) - 1) / 2) * width)
+            ys.append(m)
+            lo.append(m - min(v))
+            hi.append(max(v) - m)
+        if xs:
+            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=(labels or {}).get(impl, impl), color=colors[impl])
+
+
 def charts(res, out):
     import matplotlib
     matplotlib.use("Agg")
@@ -503,20 +521,7 @@ def charts(res, out):
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.75 * len(cells)), 8), squeeze=False)
     for ax, op in zip(axes[:, 0], ("read", "write")):
         cs = [c for c in cells if c["op"] == op]
-        impls = ["fio", "stock", "deepnvme", "cli"]
-        w = 0.2
-        for k, impl in enumerate(impls):
-            xs, ys, lo, hi = [], [], [], []
-            for i, c in enumerate(cs):
-                v = c["gb_per_s"].get(impl)
-                if not v:
-                    continue
-                m = med(v)
-                xs.append(i + (k - 1.5) * w)
-                ys.append(m)
-                lo.append(m - min(v))
-                hi.append(max(v) - m)
-            ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=impl, color=colors[impl])
+        grouped_bars(ax, cs, ["fio", "stock", "deepnvme", "cli"], 0.2, colors)
         ax.set_xticks(range(len(cs)))
         ax.set_xticklabels([c["label"][2:] for c in cs], rotation=45, ha="right", fontsize=8)
         ax.set_ylabel("GB/s (median, bars: min–max)")
@@ -608,21 +613,7 @@ def fast_charts(res, out):
     widest = max(len(cs) for _, cs in groups)
     fig, axes = plt.subplots(len(groups), 1, figsize=(max(8, 0.8 * widest), 3.6 * len(groups)), squeeze=False)
     for ax, (title, cs) in zip(axes[:, 0], groups):
-        w = 0.16
-        for k, impl in enumerate(impls):
-            xs, ys, lo, hi = [], [], [], []
-            for i, c in enumerate(cs):
-                v = c["gb_per_s"].get(impl)
-                if not v:
-                    continue
-                m = med(v)
-                xs.append(i + (k - 2) * w)
-                ys.append(m)
-                lo.append(m - min(v))
-                hi.append(max(v) - m)
-            if xs:
-                label = "deepnvme, io_uring forced" if impl == "deepnvme-uring" else impl
-                ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=label, color=colors[impl])
+        grouped_bars(ax, cs, impls, 0.16, colors, labels={"deepnvme-uring": "deepnvme, io_uring forced"})
         ax.set_xticks(range(len(cs)))
         ax.set_xticklabels([c["label"] if title == "tmpfs" else c["label"][2:] for c in cs], rotation=45,
                            ha="right", fontsize=8)

@@ -138,5 +138,6 @@ pub use stats::Stats;
 
 #[cfg(test)]
 mod internal_tests;
-#[cfg(test)]
-mod test_support;
+#[cfg(any(test, feature = "test-support"))]
+#[doc(hidden)]
+pub mod test_support;

@@ -1,12 +1,11 @@
-//! Helpers of the crate's own tests (`#[cfg(test)]` only): the unit tests
-//! next to the code and `internal_tests/`. No extra crates: a temp dir
-//! under the target dir (real ext4, so O_DIRECT is real), the one seeded
-//! generator ([`Rng`], [`pattern`]), pinned/heap buffers and raw
-//! descriptors. The integration tests (a separate crate, which cannot see
-//! `cfg(test)` items) have their own `tests/common`, whose `Rng` is this
-//! one's twin: `the_generator_is_tests_commons_twin` below and its
-//! counterpart there pin both to the same bytes.
-#![allow(dead_code)]
+//! Helpers of every test of the core: its unit tests and `internal_tests/`
+//! (`cfg(test)`), and the integration tests in `tests/`, which get this
+//! module through the `test-support` feature (the package's dev-dependency
+//! on itself turns it on). One copy, no `#[path]`: a temp dir under the
+//! checkout's target dir (real ext4, so O_DIRECT is real), the one seeded
+//! generator ([`Rng`], [`pattern`]), pinned/heap buffers, raw descriptors
+//! and /proc readers. Not part of the API.
+#![allow(missing_docs)]
 
 use std::fs;
 use std::os::fd::RawFd;
@@ -16,9 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::{BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager};
 
-/// A directory removed on drop, under `target/tmp` of the checkout (the
-/// same file system as the checkout; integration tests use
-/// `CARGO_TARGET_TMPDIR`, which cargo sets only for them).
+/// A directory removed on drop, under the checkout's `target/tmp` (the
+/// checkout's file system, so O_DIRECT is real there).
 pub struct TempDir {
     path: PathBuf,
 }
@@ -51,7 +49,7 @@ impl Drop for TempDir {
 
 /// The tests' one seeded generator (xorshift64*): every seeded byte and
 /// random choice of a test comes from it. Deterministic per seed, good
-/// enough to make every byte distinct-ish.
+/// enough to make every byte distinct-ish. 
 #[derive(Clone)]
 pub struct Rng(u64);
 
@@ -182,6 +180,9 @@ impl Pinned {
     pub fn len(&self) -> usize {
         self.len
     }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `len` bytes of our mapping.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
@@ -219,6 +220,57 @@ pub fn request<'a>(direction: Direction, target: FileTarget<'a>, file_offset: i6
     OpRequest { direction, target, file_offset, buffer, staging: None, validate: false }
 }
 
+/// Number of open descriptors of this process.
+pub fn open_fd_count() -> usize {
+    fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count()
+}
+
+/// VmLck of this process, in bytes.
+pub fn vm_locked_bytes() -> usize {
+    let status = fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmLck:")).expect("VmLck line");
+    let kb: usize = line.split_whitespace().nth(1).expect("VmLck value").parse().expect("VmLck number");
+    kb * 1024
+}
+
+/// VmPin of this process (`mm->pinned_vm`: pages pinned by io_uring buffer
+/// registration), in bytes.
+pub fn vm_pinned_bytes() -> usize {
+    let status = fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmPin:")).expect("VmPin line");
+    line.split_whitespace().nth(1).expect("VmPin value").parse::<usize>().expect("VmPin number") * 1024
+}
+
+/// Dirty pages of the mappings of this process that hold any of
+/// `[addr, addr + len)`, from /proc/self/smaps, in KiB.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DirtyKib {
+    /// Pages this process alone maps (after fork(): copies made for it).
+    pub private: usize,
+    /// Pages shared with another process (after fork(): copy-on-write).
+    pub shared: usize,
+}
+
+pub fn dirty_kib_of(addr: usize, len: usize) -> DirtyKib {
+    let smaps = fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let mut inside = false;
+    let mut dirty = DirtyKib::default();
+    let kib = |line: &str| line.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
+            let lo = usize::from_str_radix(lo, 16).unwrap_or(0);
+            let hi = usize::from_str_radix(hi, 16).unwrap_or(0);
+            inside = lo < addr + len && addr < hi;
+        } else if inside && line.starts_with("Private_Dirty:") {
+            dirty.private += kib(line);
+        } else if inside && line.starts_with("Shared_Dirty:") {
+            dirty.shared += kib(line);
+        }
+    }
+    dirty
+}
+
 /// Opens a file with raw flags (O_CLOEXEC added); panics on failure.
 pub fn open_fd(path: &Path, flags: i32) -> RawFd {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
@@ -248,15 +300,42 @@ pub fn read_file(path: &Path) -> Vec<u8> {
     fs::read(path).expect("reading back a file")
 }
 
-/// The generator gives the bytes `tests/common`'s twin gives (the
-/// integration tests' `core` binary pins the same ones), and its choices
-/// stay in range.
-#[test]
-fn the_generator_is_tests_commons_twin() {
-    assert_eq!(pattern(1, 16), [122, 72, 33, 154, 226, 179, 131, 13, 103, 157, 254, 241, 121, 76, 196, 84]);
-    assert_eq!(pattern(1, 5), pattern(1, 16)[..5], "a short tail takes the word's first bytes");
-    let mut rng = Rng::new(0x9A7);
-    let picks: Vec<usize> = (0..1000).map(|_| rng.range(3, 9)).collect();
-    assert!(picks.iter().all(|&p| (3..=9).contains(&p)));
-    assert!((3..=9).all(|v| picks.contains(&v)), "every value of the range comes up");
+/// The libcufile that `pip install nvidia-cufile` (a dependency of CUDA
+/// torch) put into a Python environment here, if any: the deepnvme venv
+/// (`$DEEPNVME_VENV`, default `~/.cache/deepnvme-venv`), the active venv, or
+/// the system's site-packages.
+pub fn pip_libcufile() -> Option<String> {
+    let home_venv = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/deepnvme-venv"));
+    let venvs = [std::env::var_os("DEEPNVME_VENV").map(PathBuf::from), home_venv, std::env::var_os("VIRTUAL_ENV").map(PathBuf::from)];
+    let mut roots: Vec<PathBuf> = venvs.into_iter().flatten().map(|v| v.join("lib")).collect();
+    roots.extend(["/opt/torch/.venv/lib", "/usr/local/lib", "/usr/lib"].map(PathBuf::from));
+    for root in roots {
+        let Ok(pythons) = fs::read_dir(&root) else { continue };
+        for py in pythons.filter_map(|e| e.ok()) {
+            for sub in ["site-packages/nvidia/cu13/lib", "site-packages/nvidia/cufile/lib", "dist-packages/nvidia/cufile/lib"] {
+                let p = py.path().join(sub).join("libcufile.so.0");
+                if p.is_file() {
+                    return Some(p.display().to_string());
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The generator's bytes stay what they were (a seed in a test's log
+    /// replays the same data), and its choices stay in range.
+    #[test]
+    fn the_generator_is_stable() {
+        assert_eq!(pattern(1, 16), [122, 72, 33, 154, 226, 179, 131, 13, 103, 157, 254, 241, 121, 76, 196, 84]);
+        assert_eq!(pattern(1, 5), pattern(1, 16)[..5], "a short tail takes the word's first bytes");
+        let mut rng = Rng::new(0x9A7);
+        let picks: Vec<usize> = (0..1000).map(|_| rng.range(3, 9)).collect();
+        assert!(picks.iter().all(|&p| (3..=9).contains(&p)));
+        assert!((3..=9).all(|v| picks.contains(&v)), "every value of the range comes up");
+    }
 }

@@ -10,7 +10,7 @@
 //! A binary of its own (not a module of `tests/core/`): it re-executes this
 //! binary's own child tests by name, each reading its process's peak (VmHWM).
 
-mod common;
+use deepnvme::test_support as common;
 
 use common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.

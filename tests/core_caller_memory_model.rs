@@ -38,7 +38,7 @@
 //! SERIAL), and the random seed is one per binary, replayed by `--test
 //! core_caller_memory_model`.
 
-mod common;
+use deepnvme::test_support as common;
 
 use std::hash::{BuildHasher, Hasher};
 use std::io::Write;

@@ -9,7 +9,7 @@
 //! process's threads (/proc/self/task) to see the kernel's `iou-wrk` workers;
 //! another file's rings would add to them.
 
-mod common;
+use deepnvme::test_support as common;
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};

@@ -17,7 +17,7 @@
 //! A binary of its own (not a module of `tests/core/`): it reads VmPin (per
 //! process) and forks.
 
-mod common;
+use deepnvme::test_support as common;
 
 use std::time::{Duration, Instant};
 

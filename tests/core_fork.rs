@@ -19,7 +19,7 @@
 //! multithreaded process and reads VmPin and the dirty pages of the whole
 //! process (see SERIAL above).
 
-mod common;
+use deepnvme::test_support as common;
 
 use std::io::Write;
 use std::panic::AssertUnwindSafe;

@@ -10,7 +10,7 @@
 //! process's open descriptors (/proc/self/fd) around handles, so no test of
 //! another file may open or close any meanwhile.
 
-mod common;
+use deepnvme::test_support as common;
 
 use std::sync::Mutex;
 

@@ -12,7 +12,7 @@
 //! RLIMIT_FSIZE and counts the whole process's descriptors, threads and
 //! locked memory (see SERIAL above).
 
-mod common;
+use deepnvme::test_support as common;
 
 use std::io::Read;
 use std::os::fd::FromRawFd;

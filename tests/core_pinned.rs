@@ -9,7 +9,7 @@
 //! which is per process, and the RLIMIT_MEMLOCK error path; another file's
 //! pinned buffers would move the count.
 
-mod common;
+use deepnvme::test_support as common;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

@@ -8,7 +8,7 @@
 //! lock more memory than a default RLIMIT_MEMLOCK allows, so they hold
 //! SERIAL; sharing a binary, every test of the binary would have to hold it.
 
-mod common;
+use deepnvme::test_support as common;
 
 use std::path::Path;
 

@@ -22,7 +22,7 @@
 //! A binary of its own (not a module of `tests/core/`): it sets the cuFile
 //! library's variable (set_var), which the loader reads once per process.
 
-mod common;
+use deepnvme::test_support as common;
 
 use std::ffi::{c_int, c_uint, c_void, CString};
 use std::os::fd::RawFd;

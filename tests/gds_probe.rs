@@ -12,7 +12,7 @@
 //! binary (`--exact child_entry`) with environment variables that cuFile's
 //! loader reads once per process.
 
-mod common;
+use deepnvme::test_support as common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
