@@ -31,8 +31,11 @@
 //!   dropped there (`IoHandle::check_process`, its `Drop`; it keeps the pid
 //!   as `creator_pid`, for its error message);
 //! * a psync engine's helpers belong to its handle, refused as above; the
-//!   calling thread's one-shot engine is leaked and made afresh in a child
-//!   (`handle/calling_thread.rs`);
+//!   calling thread's one-shot engine is leaked and made afresh when the
+//!   child makes a one-shot transfer (`handle/calling_thread.rs`), and a
+//!   psync pool dropped in a child (that engine, at the child's `exit()`)
+//!   leaves its helpers and channel alone instead of joining them
+//!   (`engine/psync.rs`, `core_fork.rs`);
 //! * the GDS piece pool is replaced by a fresh one in a child
 //!   (`gds/piece_pool.rs`);
 //! * scoped copy threads are joined before their copy returns: a fork never
@@ -41,8 +44,10 @@
 //! An idle long-lived thread waits on a `std::sync` lock (through
 //! `sync.rs`), never parking_lot's: a child inherits parking_lot's table of
 //! parked threads, entries for threads it does not have (see `sync.rs`).
-//! Starting a thread takes none of the crate's locks, so it never waits for
-//! the fork handlers (`fork.rs`) and has no hook there.
+//! Starting a thread takes none of the locks the fork handlers hold
+//! (`fork.rs`), so it never waits for them and has no hook there. (The GDS
+//! piece pool grows under its own lock, which the handlers do not take: a
+//! child cannot use its parent's CUDA anyway.)
 
 use std::thread::{JoinHandle, Scope, ScopedJoinHandle};
 

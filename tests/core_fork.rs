@@ -532,3 +532,49 @@ fn a_fork_during_a_long_run_leaves_no_registered_page_to_copy_into_the_child() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+// ---------------------------------------------------------------------------
+// 3. A child that exits normally after its parent's thread ran psync helpers.
+// ---------------------------------------------------------------------------
+
+/// A one-shot transfer (`aio_read`/`aio_write`) on the psync engine with a
+/// queue of several blocks starts helper threads in the calling thread's
+/// engine. A child forked from that thread which then leaves with `exit()`
+/// (Python's `sys.exit`) runs the thread's destructors, and so drops an
+/// engine whose helpers exist only in the parent: it must not join them
+/// (std panics when a thread it joins is gone, which aborts inside a
+/// destructor), and must exit 0.
+#[test]
+fn a_child_leaving_with_exit_after_psync_helpers_ran_exits_cleanly() {
+    let _g = serial();
+    let dir = TempDir::new("fork-exit");
+    let path = dir.file("helpers.bin");
+    let config = HandleConfig {
+        engine: Some(EngineKind::Psync),
+        block_size: 64 * 1024,
+        queue_depth: 4,
+        ..HandleConfig::default()
+    };
+    let mut data = pattern(33, 1 << 20);
+    for direction in [deepnvme::Direction::Write, deepnvme::Direction::Read] {
+        deepnvme::deepspeed::calls::transfer_once(&config, request(direction, FileTarget::Path(&path), 0, heap_desc(&mut data)))
+            .unwrap_or_else(|e| panic!("one-shot {direction:?}: {e}"));
+    }
+    assert_bytes_eq(&data, &pattern(33, 1 << 20), "one-shot round trip");
+    let helpers = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.starts_with("deepnvme-psync"))
+        .count();
+    assert!(helpers > 0, "the transfer started no psync helper, so this test would test nothing");
+    // SAFETY: the child only calls exit(), which runs this thread's
+    // destructors (the point) and the process's atexit handlers.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // SAFETY: ends the child as Python's sys.exit() would.
+        unsafe { libc::exit(0) };
+    }
+    let code = wait_child(pid, Duration::from_secs(60), "a child leaving with exit()");
+    assert_eq!(code, 0, "the child's exit() did not end cleanly");
+}

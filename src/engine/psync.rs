@@ -19,7 +19,7 @@ use crate::sync::{Condvar, Mutex};
 use super::contract::{AioParams, Engine, EngineKind};
 use super::piece::{move_piece_blocking, pieces, Piece, Segment};
 use crate::error::{Direction, TransferError};
-use crate::threads::{self, Role};
+use crate::threads::{self, Role, StartedIn};
 
 /// More threads than this per worker buys nothing on NVMe.
 pub const MAX_THREADS: usize = 16;
@@ -66,6 +66,7 @@ impl RunState {
 struct Pool {
     runs: Option<mpsc::Sender<Arc<RunState>>>,
     threads: Vec<JoinHandle<()>>,
+    started: StartedIn,
 }
 
 impl Pool {
@@ -103,12 +104,21 @@ impl Pool {
                 }).ok()
             })
             .collect();
-        Pool { runs: Some(tx), threads }
+        Pool { runs: Some(tx), threads, started: StartedIn::here() }
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        if !self.started.is_here() {
+            // In a child of fork() (its thread's engine dropped at exit()):
+            // the helpers exist only in the parent, and joining one that is
+            // gone panics, which aborts inside a destructor; the channel's
+            // lock may be held by a parent thread. Leave all of it.
+            std::mem::forget(self.runs.take());
+            std::mem::forget(std::mem::take(&mut self.threads));
+            return;
+        }
         self.runs.take();
         for t in self.threads.drain(..) {
             let _ = t.join();
