@@ -17,6 +17,7 @@
 
 use std::os::fd::RawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::psync::PsyncEngine;
@@ -80,9 +81,13 @@ pub const FILE_ENGINE_RULE: &str = "files on tmpfs and ramfs use the psync engin
 /// Says once per file system that its files run on psync.
 pub(crate) fn note_routed(fs: PuntingFs, path: Option<&Path>) {
     // Every routed slice passes here: format nothing once it was said.
-    static SAID: [std::sync::atomic::AtomicBool; 2] =
-        [std::sync::atomic::AtomicBool::new(false), std::sync::atomic::AtomicBool::new(false)];
-    if SAID[fs as usize].swap(true, std::sync::atomic::Ordering::Relaxed) {
+    static TMPFS: AtomicBool = AtomicBool::new(false);
+    static RAMFS: AtomicBool = AtomicBool::new(false);
+    let said = match fs {
+        PuntingFs::Tmpfs => &TMPFS,
+        PuntingFs::Ramfs => &RAMFS,
+    };
+    if said.swap(true, Ordering::Relaxed) {
         return;
     }
     let file = path.map(|p| format!(" ({})", p.display())).unwrap_or_default();
