@@ -52,6 +52,12 @@ pub const MAX_EAGAIN_RETRIES: u32 = 64;
 /// `sync_pread` round trip is mostly them). Small enough to finish at once,
 /// so the call needs no signal polling.
 pub const INLINE_MAX_BYTES: usize = 256 << 10;
+/// Requests on files that io_uring punts for (tmpfs, ramfs), run on psync,
+/// are whole multiples of this (keeps the O_DIRECT alignment a run had)...
+pub const PUNTING_FS_REQUEST_GRAIN: usize = 1 << 20;
+/// ... and at most this large, unless the handle's block size is larger
+/// (each request there is one lock round trip: as large as a run allows).
+pub const PUNTING_FS_MAX_REQUEST: usize = 1 << 30;
 /// How often a blocking wait called from Python looks for a pending signal
 /// (Ctrl-C), so that KeyboardInterrupt ends it promptly.
 pub const SIGNAL_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);

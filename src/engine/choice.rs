@@ -67,9 +67,8 @@ pub(crate) fn psync_params(direction: Direction, params: &AioParams, bytes: usiz
             params.queue_depth.clamp(1, (cores / workers.max(1)).max(1))
         }
     };
-    // Whole MiBs keep every request at the O_DIRECT alignment `params` had.
-    const GRAIN: usize = 1 << 20;
-    let block = bytes.div_ceil(threads).div_ceil(GRAIN).saturating_mul(GRAIN).min(1 << 30);
+    let grain = knobs::PUNTING_FS_REQUEST_GRAIN;
+    let block = bytes.div_ceil(threads).div_ceil(grain).saturating_mul(grain).min(knobs::PUNTING_FS_MAX_REQUEST);
     AioParams { queue_depth: threads, block_size: block.max(params.block_size), ..*params }
 }
 
