@@ -106,6 +106,10 @@ pub const BOUNCE_WINDOWS_MAX: usize = 64;
 /// The most bytes of windows one blocking op holds (more windows only when
 /// they are small).
 pub const BOUNCE_WINDOWS_MAX_BYTES: usize = 256 << 20;
+/// A bounced read's chunk whose wait took less than this was already done:
+/// the copy, not the device, is behind, and fewer windows ahead keep the
+/// next chunk's bytes in the CPU's cache until they are copied.
+pub const BOUNCE_READY_WAIT: std::time::Duration = std::time::Duration::from_micros(20);
 /// Seed of the model-based tests' op sequences (tests only; unset: a fixed
 /// seed and one random seed, printed).
 pub const MODEL_SEED_ENV: &str = "DEEPNVME_MODEL_SEED";

@@ -23,6 +23,9 @@
 //!   and a plain `Vec<u8>` (bounced). The model is a `Vec<u8>` per base
 //!   buffer and file, each op applied at submit; after every wait/blocking op
 //!   every byte of every base and file is compared, and the return counts.
+//! * The same on a handle of 1 MiB blocks with ops up to 12 MiB: blocking
+//!   ops on the plain base stream through bounce windows, a read keeping a
+//!   varying number of them in flight (the test fails if a seed made none).
 //! * The same with two threads sharing the handle, each with its own buffers
 //!   and files, waits from either thread (one thread's `wait()` finishes the
 //!   other's ops); each thread's state is compared at the end, after a final
@@ -60,6 +63,10 @@ const QUEUE_DEPTH: usize = 8;
 const IOP: usize = 2;
 const MODEL_OPS: usize = 150;
 const THREAD_OPS: usize = 90;
+const WINDOWED_MODEL_OPS: usize = 60;
+const MIN_WINDOWED_OPS: usize = 4;
+/// `knobs::BOUNCE_WINDOW_BYTES`: a bounced blocking op larger than this streams.
+const BOUNCE_WINDOW: usize = 4 * MIB;
 const REGRESSION_BYTES: usize = 64 * MIB;
 /// A run that takes longer than this hangs: the watchdog aborts the binary.
 const WATCHDOG: Duration = Duration::from_secs(240);
@@ -420,6 +427,10 @@ struct Model {
     /// Since then, each op's effect.
     window: Vec<Effect>,
     context: String,
+    /// The handle's geometry, for reports.
+    handle: String,
+    /// Blocking ops on the plain (heap) base of more than a bounce window.
+    windowed_ops: usize,
 }
 
 impl Model {
@@ -463,6 +474,8 @@ impl Model {
             snapshot: Vec::new(),
             window: Vec::new(),
             context: String::new(),
+            handle: format!("handle block {BLOCK}, depth {QUEUE_DEPTH}, parallelism {IOP}"),
+            windowed_ops: 0,
         };
         m.take_snapshot();
         m
@@ -575,6 +588,9 @@ impl Model {
         }
         let (s, n, off) = (op.start, op.len, op.offset);
         let reading = matches!(op.kind, Kind::Pread | Kind::ReadInto);
+        if !op.is_async && matches!(self.bases[op.base].mem, Mem::Heap(_)) && n > BOUNCE_WINDOW {
+            self.windowed_ops += 1;
+        }
         // The model takes the op's effect now, in submission order.
         {
             let (base, file) = (&mut self.bases[op.base], &mut self.files[op.file]);
@@ -721,7 +737,7 @@ impl Model {
 
     fn report(&self, what: &str, at: Option<(&str, usize, &[u8])>) -> String {
         let mut lines =
-            vec![format!("{what} [{}; handle block {BLOCK}, depth {QUEUE_DEPTH}, parallelism {IOP}]", self.context)];
+            vec![format!("{what} [{}; {}]", self.context, self.handle)];
         if let Some((name, byte, got)) = at {
             let found = self.attribute(name, byte, got);
             lines.push(format!(
@@ -755,23 +771,50 @@ const WEIGHTS: [usize; 7] = [40, 30, 10, 8, 10, 6, 4];
 fn run_model_one_thread(engine: EngineKind, seed: u64) -> Result<(), String> {
     let dir = TempDir::new("model-one");
     let h = model_handle(engine);
-    let mut m = Model::new(seed, "", &dir, &[MIB, 2 * MIB, 512 << 10], &[4 * MIB, 3 * MIB + 512, 2 * MIB + 6], WEIGHTS);
-    m.context = format!("seed {seed}, engine {}", engine_name(engine));
+    let m = Model::new(seed, "", &dir, &[MIB, 2 * MIB, 512 << 10], &[4 * MIB, 3 * MIB + 512, 2 * MIB + 6], WEIGHTS);
+    run_one_thread(&h, m, MODEL_OPS, 0, format!("seed {seed}, engine {}", engine_name(engine))).map(drop)
+}
+
+/// Blocking ops on the plain base that are larger than a bounce window
+/// (4 MiB) stream through windows (src/op/window.rs), and a read keeps a
+/// varying number of them in flight (src/op/read_ahead.rs): the handle's
+/// queue (2 workers x 8 x 1 MiB) gives such an op 6 windows.
+fn run_model_windowed(engine: EngineKind, seed: u64) -> Result<(), String> {
+    let dir = TempDir::new("model-windowed");
+    let h = handle_with(engine, MIB, QUEUE_DEPTH, false, true, IOP);
+    let mut m = Model::new(seed, "", &dir, &[MIB, 14 * MIB, 512 << 10], &[12 * MIB, 9 * MIB + 512], WEIGHTS);
+    m.handle = format!("handle block {MIB}, depth {QUEUE_DEPTH}, parallelism {IOP}");
+    let context = format!("seed {seed}, engine {}, ops up to 12 MiB", engine_name(engine));
+    m = run_one_thread(&h, m, WINDOWED_MODEL_OPS, MIN_WINDOWED_OPS, context)?;
+    match m.windowed_ops {
+        n if n < MIN_WINDOWED_OPS => Err(format!(
+            "seed {seed}: only {n} blocking ops on the plain base were larger than a bounce window (want {MIN_WINDOWED_OPS})"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Runs `ops` random ops on one thread (more, up to 8 times as many,
+/// until `min_windowed` of them were windowed), checking after each wait.
+fn run_one_thread(h: &IoHandle, mut m: Model, ops: usize, min_windowed: usize, context: String) -> Result<Model, String> {
+    m.context = context;
     let out = (|| {
         m.check("setup")?;
-        for _ in 0..MODEL_OPS {
+        let mut done = 0;
+        while done < ops || (m.windowed_ops < min_windowed && done < ops * 8) {
+            done += 1;
             let op = m.next_op();
-            if m.step(&h, &op)? {
+            if m.step(h, &op)? {
                 let last = m.history.last().cloned().unwrap_or_default();
                 m.check(&last)?;
             }
         }
         let wait = Op::of(Kind::Wait);
-        m.step(&h, &wait)?;
+        m.step(h, &wait)?;
         m.check("the final wait()")
     })();
     let _ = h.wait(); // nothing in flight when the bases go
-    out
+    out.map(|()| m)
 }
 
 fn run_model_two_threads(engine: EngineKind, seed: u64) -> Result<(), String> {
@@ -863,6 +906,11 @@ fn run_seeds(test: &str, run: fn(EngineKind, u64) -> Result<(), String>) {
 #[test]
 fn model_one_thread() {
     run_seeds("model_one_thread", run_model_one_thread);
+}
+
+#[test]
+fn model_with_blocking_ops_larger_than_a_bounce_window() {
+    run_seeds("model_with_blocking_ops_larger_than_a_bounce_window", run_model_windowed);
 }
 
 #[test]

@@ -24,6 +24,7 @@ use crate::error::{Direction, Error, Result};
 use crate::file::FileTarget;
 use crate::gds::GdsDriver;
 use crate::knobs;
+use crate::op::read_ahead::ReadAheadMemory;
 use crate::op::work::OpMeta;
 use crate::op::OpRequest;
 use crate::pinned::PinnedMemoryManager;
@@ -72,6 +73,8 @@ pub struct IoHandle {
     /// What this handle did (the process-wide counters get the same records).
     pub(super) counters: Arc<Counters>,
     pub(super) stream_tally: Arc<StreamTally>,
+    /// Where this handle's bounced blocking reads left their read-ahead.
+    pub(super) read_ahead: ReadAheadMemory,
     /// The process that created the handle. A child made by fork() inherits
     /// the handle but not its worker threads (and shares its rings with the
     /// parent), so every entry point refuses to run in another process.
@@ -206,6 +209,7 @@ impl IoHandle {
             device_route,
             counters,
             stream_tally,
+            read_ahead: ReadAheadMemory::default(),
             creator_pid: std::process::id(),
         })
     }

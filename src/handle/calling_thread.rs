@@ -14,6 +14,7 @@ use super::workers::*;
 use crate::config::HandleConfig;
 use crate::engine::{Engine, EngineKind, Submitter};
 use crate::error::{panic_text, Error, Result};
+use crate::op::read_ahead::ReadAheadMemory;
 use crate::op::window::{ChunkRunner, Windowed, WindowedOp};
 use crate::op::work::{OpCompletion, OpFootprint, OpWork};
 use crate::op::{CpuOp, Mode, OpRequest, Prepared};
@@ -159,7 +160,8 @@ impl ChunkRunner for InlineChunks<'_> {
 
 /// Runs a windowed op on the calling thread's engine (never interrupted).
 pub(super) fn run_windowed_inline(op: WindowedOp, engine: &mut dyn Engine) -> Result<()> {
-    match op.start(InlineChunks { engine, last: None }, &mut || Ok(())) {
+    // One chunk in flight at a time here: there is no read-ahead to keep.
+    match op.start(InlineChunks { engine, last: None }, ReadAheadMemory::default(), &mut || Ok(())) {
         Windowed::Done(outcome) => outcome,
         Windowed::Suspended(suspended) => suspended.resume(),
     }

@@ -144,7 +144,7 @@ impl IoHandle {
                     let (earlier, finished) = self.wait_locked();
                     let started = Instant::now();
                     let meta = windowed_meta(&op);
-                    match op.start(WorkerChunks::new(self.worker_senders()), between) {
+                    match op.start(WorkerChunks::new(self.worker_senders()), self.read_ahead.clone(), between) {
                         Windowed::Done(outcome) => {
                             self.record(meta, outcome.is_ok(), started);
                             (combine(earlier, outcome), finished)

@@ -5,6 +5,7 @@
 //! * [`caller`]: the caller's memory and the one ownership rule for it;
 //! * [`window`]: blocking ops on bounced memory, streamed through a few
 //!   bounded windows;
+//! * [`read_ahead`]: how many of a bounced read's windows are in flight;
 //! * [`plan`]: slice geometry (per-worker slices, the O_DIRECT edge split);
 //! * [`checks`]: offset/extent/divisibility checks and `validate=True`;
 //! * [`work`]: the shape the handle runs (work in slices, a completion).
@@ -22,6 +23,7 @@
 pub(crate) mod caller;
 pub(crate) mod checks;
 pub(crate) mod plan;
+pub(crate) mod read_ahead;
 pub(crate) mod window;
 pub(crate) mod work;
 

@@ -3,13 +3,17 @@
 //! A blocking `sync_pread`/`sync_pwrite` of a plain (unlocked) tensor needs
 //! a bounce buffer, but not one as large as the tensor: the op is cut into
 //! chunks of one window each (a few MiB), and enough windows to keep the
-//! handle's queue full take turns. While the I/O of some chunks runs, the calling thread copies
-//! the caller's bytes of another chunk into its window (a write) or out of
-//! it (a read), soon after the device filled it, while its bytes are still
-//! in the CPU's cache. So a 9 GiB tensor moves through at most 256 MiB of bounce
-//! memory, the copies overlap the I/O, and every copy is made by the
-//! calling thread under the ownership rule (`caller.rs`), never by an I/O
-//! thread.
+//! handle's queue full take turns. While the I/O of some chunks runs, the
+//! calling thread copies the caller's bytes of another chunk into its
+//! window (a write) or out of it (a read). So a 9 GiB tensor moves through
+//! at most 256 MiB of bounce memory, the copies overlap the I/O, and every
+//! copy is made by the calling thread under the ownership rule
+//! (`caller.rs`), never by an I/O thread.
+//!
+//! A read keeps only as many windows in flight as its copy needs
+//! (`read_ahead.rs`), so that a window's bytes are still in the CPU's cache
+//! when they are copied; the free window it fills next is the one freed
+//! last.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -17,6 +21,7 @@ use std::sync::Arc;
 use super::caller::{bytes, bytes_mut, CallerMemory};
 use super::checks::{describe_op, report_validation};
 use super::plan::{plan_op, OpPlan};
+use super::read_ahead::{ReadAhead, ReadAheadMemory};
 use super::work::OpFootprint;
 use crate::bounce::{BounceBuffer, Purpose};
 use crate::buffer::Staging;
@@ -142,7 +147,12 @@ impl WindowedOp {
     /// given first, then returns the interruption. A read interrupted by
     /// `between` comes back [`Windowed::Suspended`], its chunks in flight:
     /// the handle queues it, and the next `wait()` resumes it.
-    pub fn start<R: ChunkRunner>(self, runner: R, between: &mut dyn FnMut() -> Result<()>) -> Windowed<R> {
+    pub fn start<R: ChunkRunner>(
+        self,
+        runner: R,
+        read_ahead: ReadAheadMemory,
+        between: &mut dyn FnMut() -> Result<()>,
+    ) -> Windowed<R> {
         let len = self.caller.len;
         let chunks = len.div_ceil(self.window);
         let count = window_count(self.parallelism, &self.params, self.window).min(runner.depth().max(1)).min(chunks);
@@ -156,6 +166,8 @@ impl WindowedOp {
         }
         let mut run = WindowRun {
             op: self,
+            ahead: ReadAhead::new(windows.len(), read_ahead),
+            free: (0..windows.len()).rev().collect(),
             windows,
             runner,
             in_flight: VecDeque::new(),
@@ -226,8 +238,13 @@ impl<R: ChunkRunner> Suspended<R> {
 struct WindowRun<R: ChunkRunner> {
     op: WindowedOp,
     windows: Vec<BounceBuffer>,
+    /// Windows not in flight, the one freed last on top.
+    free: Vec<usize>,
+    /// How many chunks may be in flight now.
+    ahead: ReadAhead,
     runner: R,
-    in_flight: VecDeque<usize>,
+    /// The chunks in flight, oldest first, with their windows.
+    in_flight: VecDeque<(usize, usize)>,
     /// The next chunk to start, of `chunks`.
     next: usize,
     chunks: usize,
@@ -250,11 +267,14 @@ impl<R: ChunkRunner> WindowRun<R> {
     /// (the op then stops here, its chunks still in flight).
     fn advance(&mut self, between: &mut dyn FnMut() -> Result<()>) -> Option<Error> {
         while self.next < self.chunks && self.first.is_none() {
-            if self.in_flight.len() == self.windows.len() {
+            while !self.in_flight.is_empty() && (self.in_flight.len() >= self.in_flight_limit() || self.free.is_empty()) {
                 self.finish_oldest();
                 if self.first.is_some() {
                     break;
                 }
+            }
+            if self.first.is_some() {
+                break;
             }
             match between() {
                 Ok(()) => {}
@@ -265,7 +285,12 @@ impl<R: ChunkRunner> WindowRun<R> {
                 }
                 Err(e) => return Some(e),
             }
-            let (k, w) = (self.next, self.next % self.windows.len());
+            let Some(&w) = self.free.last() else {
+                // Not reached: an op of at least one chunk takes a window or fails.
+                self.first = Some(Error::InvalidArgument(format!("{}: no bounce window to stream through", self.op.what())));
+                break;
+            };
+            let k = self.next;
             let started = (|| {
                 if self.op.direction == Direction::Write {
                     self.op.copy_in(k, &mut self.windows[w])?;
@@ -275,7 +300,8 @@ impl<R: ChunkRunner> WindowRun<R> {
             })();
             match started {
                 Ok(()) => {
-                    self.in_flight.push_back(k);
+                    self.free.pop();
+                    self.in_flight.push_back((k, w));
                     self.next += 1;
                 }
                 Err(e) => self.first = Some(e),
@@ -284,16 +310,31 @@ impl<R: ChunkRunner> WindowRun<R> {
         None
     }
 
+    /// How many chunks may be in flight before the next starts.
+    fn in_flight_limit(&self) -> usize {
+        match self.op.direction {
+            Direction::Read => self.ahead.limit(),
+            Direction::Write => self.windows.len(),
+        }
+    }
+
     /// Waits for the oldest chunk in flight; a read's bytes then go to the
     /// caller (unless the op already failed).
     fn finish_oldest(&mut self) {
-        let Some(j) = self.in_flight.pop_front() else { return };
+        let Some((j, w)) = self.in_flight.pop_front() else { return };
+        let waited = std::time::Instant::now();
         let outcome = self.runner.finish_oldest();
+        if self.op.direction == Direction::Read {
+            self.ahead.observe(waited.elapsed());
+        }
+        // The window is free once its I/O is done; a read's copy below is
+        // made before the next chunk can take it.
+        self.free.push(w);
         if self.first.is_some() {
             return;
         }
         let outcome = outcome.and_then(|()| match self.op.direction {
-            Direction::Read => self.op.copy_out(j, &self.windows[j % self.windows.len()]),
+            Direction::Read => self.op.copy_out(j, &self.windows[w]),
             Direction::Write => Ok(()),
         });
         match outcome {
