@@ -2,7 +2,13 @@
 """Two builds of deepnvme side by side in one run, in alternating order.
 
     python benches/build_ab.py --a OLD_VENV/bin/python --b NEW_VENV/bin/python \\
-        [--rounds 6] [--size 512M] [--op-bytes 256M] [--dir DIR] [--out docs/perf/build_ab.md]
+        [--rounds 6] [--size 512M] [--op-bytes 256M] [--dir DIR] [--out docs/perf/build_ab.md] \\
+        [--a-env K=V ...] [--b-env K=V ...] [--fresh-workers]
+
+Both sides may be one build: `--a-env DEEPNVME_HUGE_PAGES=0` compares a
+knob's settings. `--fresh-workers` starts a new pair of worker processes
+every round: plain (bounced) cells' GB/s is set by the process as much
+as by the build on this machine (docs/perf/structure_ab.md).
 
 Each side is a long-lived `benches/ds_worker.py --impl deepnvme --serve`
 process of its own interpreter (its own venv, its own installed build), so
@@ -37,7 +43,12 @@ def main():
     p.add_argument("--pause", type=float, default=0.5)
     p.add_argument("--dir", default=None)
     p.add_argument("--out", default=None)
+    p.add_argument("--a-env", action="append", default=[], metavar="K=V", help="environment of side a's worker")
+    p.add_argument("--b-env", action="append", default=[], metavar="K=V", help="environment of side b's worker")
+    p.add_argument("--fresh-workers", action="store_true", help="a new pair of worker processes every round")
     a = p.parse_args()
+    envs = {side: dict(kv.split("=", 1) for kv in getattr(a, f"{side}_env")) for side in ("a", "b")}
+    pythons = {"a": a.a, "b": a.b}
     size, op_bytes = parse_size(a.size), parse_size(a.op_bytes)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     dir_ = os.path.abspath(a.dir or os.path.join(root, "target", "perf"))
@@ -47,35 +58,47 @@ def main():
         block = os.urandom(MiB)
         for _ in range(size // MiB):
             f.write(block)
-    workers = {"a": Worker("deepnvme", a.a), "b": Worker("deepnvme", a.b)}
-    for k, w in workers.items():
-        log(f"build_ab: {k}: {w.hello}")
+    def start_workers():
+        started = {side: Worker("deepnvme", pythons[side], envs[side]) for side in ("a", "b")}
+        for k, w in started.items():
+            log(f"build_ab: {k}: {w.hello}")
+        return started
+
+    workers = start_workers()
     settle = Settle(a.pause)
     cells = [dict(op=op, buffer=buf, par=par) for buf in ("plain", "locked") for op in ("write", "read") for par in (1, 2)]
-    rows = []
-    for c in cells:
-        gb = {"a": [], "b": []}
-        cpu = {"a": [], "b": []}
-        for r in range(a.rounds):
+    gb = [{"a": [], "b": []} for _ in cells]
+    cpu = [{"a": [], "b": []} for _ in cells]
+    for r in range(a.rounds):
+        if a.fresh_workers and r > 0:
+            for w in workers.values():
+                w.close()
+            workers = start_workers()
+        for i, c in enumerate(cells):
             for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
                 settle()
                 cfg = {"op": c["op"], "file": path, "size": size, "op_bytes": op_bytes, "block_size": MiB,
                        "queue_depth": 32, "parallelism": c["par"], "overlap_events": 1, "single_submit": 0,
                        "buffer": c["buffer"]}
                 out = workers[side].run(cfg)
-                gb[side].append(out["gb_per_s"])
-                cpu[side].append(out["cpu_s_per_gb"])
-        row = dict(c, gb=gb, cpu=cpu, gb_ratio=ratio_stats(gb["b"], gb["a"]), cpu_ratio=ratio_stats(cpu["b"], cpu["a"]))
+                gb[i][side].append(out["gb_per_s"])
+                cpu[i][side].append(out["cpu_s_per_gb"])
+    rows = []
+    for i, c in enumerate(cells):
+        row = dict(c, gb=gb[i], cpu=cpu[i], gb_ratio=ratio_stats(gb[i]["b"], gb[i]["a"]),
+                   cpu_ratio=ratio_stats(cpu[i]["b"], cpu[i]["a"]))
         rows.append(row)
         log(f"build_ab: {c['op']} {c['buffer']} par {c['par']}: GB/s {a.b_name}/{a.a_name} {fmt_ratio(row['gb_ratio'])}, "
-            f"CPU s/GB {fmt_ratio(row['cpu_ratio'])} (median GB/s {statistics.median(gb['a']):.2f} / "
-            f"{statistics.median(gb['b']):.2f})")
+            f"CPU s/GB {fmt_ratio(row['cpu_ratio'])} (median GB/s {statistics.median(gb[i]['a']):.2f} / "
+            f"{statistics.median(gb[i]['b']):.2f})")
     for w in workers.values():
         w.close()
     if a.out:
+        flags = "".join(f" --{side}-env {kv}" for side in ("a", "b") for kv in getattr(a, f"{side}_env"))
+        flags += " --fresh-workers" if a.fresh_workers else ""
         lines = [f"# {a.b_name} against {a.a_name}, side by side", "",
                  f"{datetime.date.today()}: `python benches/build_ab.py --rounds {a.rounds} --size {a.size} "
-                 f"--op-bytes {a.op_bytes}` (sync_pread/sync_pwrite of one {a.op_bytes} tensor per op, 1 MiB blocks, "
+                 f"--op-bytes {a.op_bytes}{flags}` (sync_pread/sync_pwrite of one {a.op_bytes} tensor per op, 1 MiB blocks, "
                  f"queue depth 32, overlap_events on; alternating order; page cache dropped before every run). "
                  f"Ratios are {a.b_name}/{a.a_name} per round: median [min–max].", "",
                  f"| op | buffer | par | {a.a_name} GB/s | {a.b_name} GB/s | GB/s ratio | CPU s/GB ratio |",

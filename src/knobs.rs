@@ -126,6 +126,10 @@ pub const FIXED_BUFFER_SLOTS: u32 = 256;
 /// an iovec over 1 GiB, so larger memory is registered in 1 GiB chunks.
 pub const FIXED_BUFFER_CHUNK: usize = 1 << 30;
 
+/// `0`: mappings of 2 MiB and more (locked tensors, bounce buffers) do not
+/// ask for transparent huge pages (`src/pinned/page_buffer.rs`).
+pub const HUGE_PAGES_ENV: &str = "DEEPNVME_HUGE_PAGES";
+
 /// `0`: a worker drains its ring before it starts the next op (see
 /// [`MAX_STREAMED_OPS`]).
 pub const OP_STREAM_ENV: &str = "DEEPNVME_OP_STREAM";
@@ -226,6 +230,13 @@ pub const VARIABLES: &[EnvVar] = &[
         default: "`1`",
         meaning: "`0`: a worker waits for its ring to drain before it starts the next queued op (else back-to-back \
                   ops stream through one ring, with requests of the next op filling the slots the last one frees)",
+    },
+    EnvVar {
+        name: HUGE_PAGES_ENV,
+        scope: Scope::Core,
+        default: "`1`",
+        meaning: "`0`: locked tensors and bounce buffers of 2 MiB and more do not ask for transparent huge pages \
+                  (`MADV_HUGEPAGE`, 2 MiB-aligned); THP set to `never` refuses them anyway",
     },
     EnvVar {
         name: STATS_ENV,
@@ -363,6 +374,8 @@ pub struct Settings {
     pub fixed_buffers: bool,
     /// [`OP_STREAM_ENV`] is not `0`.
     pub op_stream: bool,
+    /// [`HUGE_PAGES_ENV`] is not `0`.
+    pub huge_pages: bool,
 }
 
 fn non_blank(name: &str) -> Option<String> {
@@ -403,6 +416,7 @@ impl Settings {
                 .saturating_mul(1 << 20),
             fixed_buffers: !matches!(std::env::var(FIXED_BUFFERS_ENV).as_deref().map(str::trim), Ok("0")),
             op_stream: !matches!(std::env::var(OP_STREAM_ENV).as_deref().map(str::trim), Ok("0")),
+            huge_pages: !matches!(std::env::var(HUGE_PAGES_ENV).as_deref().map(str::trim), Ok("0")),
         }
     }
 }
