@@ -13,6 +13,7 @@ use deepnvme::test_support as common;
 
 mod block_devices;
 mod errors;
+mod huge_pages;
 mod knobs;
 mod robustness;
 mod unaligned;
