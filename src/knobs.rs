@@ -236,7 +236,9 @@ pub const VARIABLES: &[EnvVar] = &[
         scope: Scope::Core,
         default: "`1`",
         meaning: "`0`: locked tensors and bounce buffers of 2 MiB and more do not ask for transparent huge pages \
-                  (`MADV_HUGEPAGE`, 2 MiB-aligned); THP set to `never` refuses them anyway",
+                  (`MADV_HUGEPAGE`, huge-page aligned); THP set to `never` refuses them anyway. With THP's `defrag` \
+                  at `madvise` (the usual default) the kernel may compact memory while such a buffer is first \
+                  faulted in, once per buffer",
     },
     EnvVar {
         name: STATS_ENV,

@@ -87,8 +87,8 @@ impl PageAlignedBuffer {
         let mapped = len.max(1).checked_add(page - 1).map(|v| v / page * page).ok_or_else(|| {
             Error::Alloc { bytes: len, source: io::Error::from_raw_os_error(libc::ENOMEM) }
         })?;
-        let huge = mapped >= HUGE_PAGE && crate::knobs::settings().huge_pages;
-        let p = if huge { map_huge_aligned(mapped, populate) } else { map_anonymous(mapped, populate) };
+        let huge = mapped >= huge_page_size() && crate::knobs::settings().huge_pages;
+        let p = if huge { map_large(mapped, populate) } else { map_anonymous(mapped, populate) };
         if p == libc::MAP_FAILED {
             return Err(Error::Alloc { bytes: len, source: io::Error::last_os_error() });
         }
@@ -143,8 +143,18 @@ impl PageAlignedBuffer {
     }
 }
 
-/// The transparent huge page size on x86-64 and (with 4 KiB pages) arm64.
-const HUGE_PAGE: usize = 2 << 20;
+/// The size of a transparent huge page (the kernel's PMD size: 2 MiB on
+/// x86-64 and on arm64 with 4 KiB pages), or 2 MiB where it does not say.
+fn huge_page_size() -> usize {
+    static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SIZE.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .filter(|&v| v.is_power_of_two() && v >= page_size())
+            .unwrap_or(2 << 20)
+    })
+}
 
 /// `mmap`s `bytes` of private anonymous memory, faulted in when `populate`.
 fn map_anonymous(bytes: usize, populate: bool) -> *mut libc::c_void {
@@ -162,53 +172,86 @@ fn map_anonymous(bytes: usize, populate: bool) -> *mut libc::c_void {
     }
 }
 
-/// As [`map_anonymous`], starting on a [`HUGE_PAGE`] boundary and advised
+/// Maps `bytes` (a multiple of the page size) for a buffer of 2 MiB or
+/// more: on a huge-page boundary and advised `MADV_HUGEPAGE` where that
+/// works, else as [`map_anonymous`] would. `MAP_FAILED` with errno set
+/// when even that fails.
+fn map_large(bytes: usize, populate: bool) -> *mut libc::c_void {
+    match map_huge_aligned(bytes, populate) {
+        Ok(Some(p)) => p,
+        Ok(None) => map_anonymous(bytes, populate), // no room for the padding, or the split was refused
+        Err(errno) => {
+            // SAFETY: setting this thread's errno for the caller to read.
+            unsafe { *libc::__errno_location() = errno };
+            libc::MAP_FAILED
+        }
+    }
+}
+
+/// A mapping of `bytes` starting on a huge-page boundary, advised
 /// `MADV_HUGEPAGE` before any page is faulted in (a populated mapping's
-/// pages would already be small ones). The over-mapped head and tail are
-/// unmapped again, so the result is `bytes` long like any other.
-fn map_huge_aligned(bytes: usize, populate: bool) -> *mut libc::c_void {
-    let Some(padded) = bytes.checked_add(HUGE_PAGE) else { return libc::MAP_FAILED };
+/// pages would already be small ones). It over-maps by one huge page and
+/// unmaps the head and tail again, so the result is `bytes` long like any
+/// other. `Ok(None)`: that could not be done (nothing is left mapped);
+/// `Err(errno)`: the memory could not be faulted in (nothing is left mapped).
+fn map_huge_aligned(bytes: usize, populate: bool) -> std::result::Result<Option<*mut libc::c_void>, i32> {
+    let huge = huge_page_size();
+    let Some(padded) = bytes.checked_add(huge) else { return Ok(None) };
     let p = map_anonymous(padded, false);
     if p == libc::MAP_FAILED {
-        return p;
+        return Ok(None);
     }
     let start = p as usize;
-    let aligned = start.next_multiple_of(HUGE_PAGE);
-    let tail = start + padded - (aligned + bytes);
-    // SAFETY: all within the mapping just made, which nobody else knows of;
-    // madvise only advises (a refusal, as where THP is off, changes nothing).
+    let aligned = start.next_multiple_of(huge);
+    let (head, tail) = (aligned - start, start + padded - (aligned + bytes));
+    let at = aligned as *mut libc::c_void;
+    // SAFETY: all within the mapping just made, which nobody else knows of.
     unsafe {
-        if aligned > start {
-            libc::munmap(p, aligned - start);
+        if head > 0 && libc::munmap(p, head) != 0 {
+            libc::munmap(p, padded); // the split was refused (vm.max_map_count): give it all back
+            return Ok(None);
         }
-        if tail > 0 {
-            libc::munmap((aligned + bytes) as *mut libc::c_void, tail);
+        if tail > 0 && libc::munmap((aligned + bytes) as *mut libc::c_void, tail) != 0 {
+            libc::munmap(at, bytes + tail);
+            return Ok(None);
         }
-        let at = aligned as *mut libc::c_void;
+        // Only advice: where THP is off or absent it is refused and the
+        // pages stay small.
         libc::madvise(at, bytes, libc::MADV_HUGEPAGE);
         if populate {
-            populate_writable(at, bytes);
+            if let Err(errno) = populate_writable(at, bytes) {
+                libc::munmap(at, bytes);
+                return Err(errno);
+            }
         }
     }
-    aligned as *mut libc::c_void
+    Ok(Some(at))
 }
 
 /// Faults in every page of a fresh mapping, as `MAP_POPULATE` would have.
+/// `Err(errno)` when the memory is not there (ENOMEM, EFAULT).
 ///
 /// # Safety
 /// `at..at + bytes` is a private anonymous mapping the caller owns and
 /// nobody uses yet.
-unsafe fn populate_writable(at: *mut libc::c_void, bytes: usize) {
+unsafe fn populate_writable(at: *mut libc::c_void, bytes: usize) -> std::result::Result<(), i32> {
     const MADV_POPULATE_WRITE: libc::c_int = 23; // Linux 5.14
     // SAFETY: the caller's contract.
     if unsafe { libc::madvise(at, bytes, MADV_POPULATE_WRITE) } == 0 {
-        return;
+        return Ok(());
     }
-    // An older kernel: touch one byte per page (the mapping is all zeros).
-    let page = page_size();
-    for offset in (0..bytes).step_by(page) {
-        // SAFETY: inside the caller's mapping, which is writable.
-        unsafe { std::ptr::write_volatile(at.cast::<u8>().add(offset), 0) };
+    match last_errno() {
+        // A kernel before 5.14, or a seccomp filter that refuses the advice:
+        // touch one byte per page (the mapping is all zeros).
+        libc::EINVAL | libc::EPERM | libc::ENOSYS => {
+            let page = page_size();
+            for offset in (0..bytes).step_by(page) {
+                // SAFETY: inside the caller's mapping, which is writable.
+                unsafe { std::ptr::write_volatile(at.cast::<u8>().add(offset), 0) };
+            }
+            Ok(())
+        }
+        errno => Err(errno),
     }
 }
 
@@ -271,24 +314,40 @@ mod tests {
             .unwrap_or(false)
     }
 
+    /// `thp_fault_fallback` of /proc/vmstat: faults in huge-page memory
+    /// that got small pages (fragmented memory, a tight cgroup).
+    fn thp_fallbacks() -> u64 {
+        let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+        vmstat
+            .lines()
+            .find_map(|l| l.strip_prefix("thp_fault_fallback "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     #[test]
     fn large_mappings_start_on_a_huge_page_boundary_and_get_huge_pages() {
+        let huge = huge_page_size();
+        if huge > 2 << 20 {
+            return eprintln!("huge pages of {huge} bytes here: 4-6 MiB mappings stay small");
+        }
+        let fallbacks = thp_fallbacks();
         let mut populated = PageAlignedBuffer::new_populated(6 << 20).unwrap();
         let mut plain = PageAlignedBuffer::new(4 << 20, LockMode::BestEffort).unwrap();
         for buf in [&mut populated, &mut plain] {
-            assert_eq!(buf.as_ptr() as usize % HUGE_PAGE, 0, "a 2 MiB-aligned start");
+            assert_eq!(buf.as_ptr() as usize % huge, 0, "a huge-page-aligned start");
             assert!(buf.as_slice().iter().all(|&b| b == 0), "fresh memory reads as zeros");
             buf.as_mut_slice().fill(0xA5); // every page writable, and faulted in
             assert!(buf.as_slice().iter().all(|&b| b == 0xA5));
         }
-        if thp_on_request() {
-            assert!(
-                anon_huge_bytes_at(populated.as_ptr() as usize) >= HUGE_PAGE,
-                "a populated 6 MiB bounce buffer is backed by huge pages"
-            );
-            assert!(anon_huge_bytes_at(plain.as_ptr() as usize) >= HUGE_PAGE, "and so is a 4 MiB mapping");
-        } else {
+        let got = [anon_huge_bytes_at(populated.as_ptr() as usize), anon_huge_bytes_at(plain.as_ptr() as usize)];
+        if !thp_on_request() {
             eprintln!("transparent huge pages are off here: only the alignment was checked");
+        } else if got.iter().any(|&b| b < huge) && thp_fallbacks() > fallbacks {
+            eprintln!("the kernel fell back to small pages (thp_fault_fallback rose): {got:?}");
+        } else {
+            assert!(got[0] >= huge, "a populated 6 MiB bounce buffer is backed by huge pages: {got:?}");
+            assert!(got[1] >= huge, "and so is a 4 MiB mapping: {got:?}");
         }
     }
 
