@@ -7,7 +7,7 @@
 //! device, an NVMe array on few cores), the workers fill every window the
 //! op has long before the copy reaches it, and the copy reads each byte
 //! back from memory instead of the cache (measured on ext4 on zram:
-//! docs/perf/fast_device.md).
+//! docs/perf/read_ahead_ab.md).
 //!
 //! So the number in flight follows what the copy sees: one fewer after
 //! each chunk that was already done when it was waited for (down to

@@ -2,13 +2,14 @@
 //! manager's regions and of the bounce pool; and the page size and memlock
 //! limit they are sized by.
 //!
-//! A mapping of 2 MiB or more starts on a 2 MiB boundary and asks for
-//! transparent huge pages (`MADV_HUGEPAGE`; most distributions' THP
-//! setting is `madvise`, which gives them only to memory that asks). The
-//! kernel then pins, registers and walks such memory 2 MiB at a time
-//! instead of 4 KiB, and the copies into and out of it take fewer TLB
-//! misses (measured: docs/perf/fast_device.md). `DEEPNVME_HUGE_PAGES=0`
-//! turns it off; where THP is off or absent the advice is simply refused.
+//! A mapping of a huge page or more (2 MiB on x86-64) starts on a huge-page
+//! boundary and asks for transparent huge pages (`MADV_HUGEPAGE`; most
+//! distributions' THP setting is `madvise`, which gives them only to memory
+//! that asks). The kernel then pins, registers and walks such memory a huge
+//! page at a time instead of 4 KiB, and the copies into and out of it take
+//! fewer TLB misses (measured: docs/perf/huge_pages_ab.md).
+//! `DEEPNVME_HUGE_PAGES=0` turns it off; where THP is off or absent the
+//! advice is simply refused.
 
 use std::io;
 use std::ptr::NonNull;
