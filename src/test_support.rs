@@ -252,23 +252,27 @@ pub struct DirtyKib {
 }
 
 pub fn dirty_kib_of(addr: usize, len: usize) -> DirtyKib {
+    DirtyKib { private: smaps_kib_of(addr, len, "Private_Dirty"), shared: smaps_kib_of(addr, len, "Shared_Dirty") }
+}
+
+/// The sum of one /proc/self/smaps field (`Private_Dirty`, `AnonHugePages`,
+/// ...) over this process's mappings that hold any of `[addr, addr + len)`,
+/// in KiB.
+pub fn smaps_kib_of(addr: usize, len: usize, field: &str) -> usize {
     let smaps = fs::read_to_string("/proc/self/smaps").unwrap_or_default();
     let mut inside = false;
-    let mut dirty = DirtyKib::default();
-    let kib = |line: &str| line.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    let mut total = 0;
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or("");
         if let Some((lo, hi)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
             let lo = usize::from_str_radix(lo, 16).unwrap_or(0);
             let hi = usize::from_str_radix(hi, 16).unwrap_or(0);
             inside = lo < addr + len && addr < hi;
-        } else if inside && line.starts_with("Private_Dirty:") {
-            dirty.private += kib(line);
-        } else if inside && line.starts_with("Shared_Dirty:") {
-            dirty.shared += kib(line);
+        } else if inside && first.strip_suffix(':') == Some(field) {
+            total += line.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
         }
     }
-    dirty
+    total
 }
 
 /// Opens a file with raw flags (O_CLOEXEC added); panics on failure.

@@ -229,16 +229,16 @@ fn map_huge_aligned(bytes: usize, populate: bool) -> std::result::Result<Option<
     Ok(Some(at))
 }
 
-/// Faults in every page of a fresh mapping, as `MAP_POPULATE` would have.
-/// `Err(errno)` when the memory is not there (ENOMEM, EFAULT).
+/// Faults in every page of a fresh mapping, as `MAP_POPULATE` would have
+/// (`MADV_POPULATE_WRITE`: Linux 5.14). `Err(errno)` when the memory is
+/// not there (ENOMEM, EFAULT).
 ///
 /// # Safety
 /// `at..at + bytes` is a private anonymous mapping the caller owns and
 /// nobody uses yet.
 unsafe fn populate_writable(at: *mut libc::c_void, bytes: usize) -> std::result::Result<(), i32> {
-    const MADV_POPULATE_WRITE: libc::c_int = 23; // Linux 5.14
     // SAFETY: the caller's contract.
-    if unsafe { libc::madvise(at, bytes, MADV_POPULATE_WRITE) } == 0 {
+    if unsafe { libc::madvise(at, bytes, libc::MADV_POPULATE_WRITE) } == 0 {
         return Ok(());
     }
     match last_errno() {
@@ -284,27 +284,9 @@ pub enum LockMode {
 mod tests {
     use super::*;
 
-    /// `AnonHugePages` of the mapping that holds `addr`, in bytes, from
-    /// /proc/self/smaps.
+    /// `AnonHugePages` of the mapping that holds `addr`, in bytes.
     fn anon_huge_bytes_at(addr: usize) -> usize {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
-        let mut inside = false;
-        for line in smaps.lines() {
-            let head = line.split_whitespace().next().unwrap_or("");
-            if let Some((lo, hi)) = head.split_once('-').filter(|_| !line.ends_with(" kB")) {
-                let (lo, hi) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16));
-                if let (Ok(lo), Ok(hi)) = (lo, hi) {
-                    inside = (lo..hi).contains(&addr);
-                    continue;
-                }
-            }
-            if inside {
-                if let Some(kb) = line.strip_prefix("AnonHugePages:") {
-                    return kb.trim().trim_end_matches("kB").trim().parse::<usize>().unwrap() * 1024;
-                }
-            }
-        }
-        panic!("no mapping in /proc/self/smaps holds {addr:#x}")
+        crate::test_support::smaps_kib_of(addr, 1, "AnonHugePages") * 1024
     }
 
     /// Whether this kernel gives huge pages to memory that asks
