@@ -509,8 +509,15 @@ fn deepnvme_thread_states() -> String {
     out.join("; ")
 }
 
+/// This process's threads, less the kernel's io_uring workers (`iou-wrk-*`:
+/// they serve a ring's punted requests and leave on their own timer after
+/// the ring is gone, so a busy machine can still list them).
 fn task_count() -> usize {
-    std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|comm| !comm.starts_with("iou-wrk-"))
+        .count()
 }
 
 /// The descriptors that are io_uring rings.
