@@ -12,14 +12,63 @@ the venv's python, as `benches/run.sh` does); the order alternates every
 round, and every run follows a syncfs of the tmpfs, a drop of the page
 cache and a pause. Prints the median [min-max] of the per-round ratios of
 GB/s and of CPU seconds per GB.
+
+A third participant, `bare`, is this script itself making one pwrite (or
+pread) per op from one thread, into memory on transparent huge pages as
+deepnvme's locked tensors are: the kernel's own rate for one file, which a
+write cannot pass (tmpfs takes the file's inode lock for the whole copy).
 """
 
 import argparse
+import mmap
 import os
+import resource
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run import MiB, Settle, Worker, fio_json, fmt_ratio, med, parse_size, ratio_stats  # noqa: E402
+
+
+def cpu_seconds():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+class Bare:
+    """One pwrite/pread per op from this thread, opening the file per op as
+    DeepSpeed's sync calls do, into a huge-page mapping."""
+
+    def __init__(self, op_bytes):
+        self.buf = mmap.mmap(-1, op_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            self.buf.madvise(mmap.MADV_HUGEPAGE)
+        self.buf.write(b"\x5a" * op_bytes)
+        self.view = memoryview(self.buf)
+
+    def run(self, cfg):
+        op, path, size, n = cfg["op"], cfg["file"], cfg["size"], cfg["op_bytes"]
+        flags = (os.O_WRONLY if op == "write" else os.O_RDONLY) | os.O_DIRECT
+
+        def one(off):
+            fd = os.open(path, flags)
+            try:
+                done = os.pwrite(fd, self.view, off) if op == "write" else os.preadv(fd, [self.view], off)
+            finally:
+                os.close(fd)
+            if done != n:
+                raise SystemExit(f"bare {op} at {off}: {done} of {n} bytes")
+
+        one(0)  # untimed, as ds_worker's first op
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        for off in range(0, size, n):
+            one(off)
+        secs, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        return {"gb_per_s": size / secs / 1e9, "cpu_s_per_gb": cpu / (size / 1e9)}
+
+    def close(self):
+        self.view.release()
+        self.buf.close()
 
 
 def main():
@@ -32,7 +81,8 @@ def main():
     path = os.path.join(os.path.abspath(a.dir), "tmpfs-ratio.dat")
     fio_json(["--name=layout", f"--filename={path}", "--direct=0", "--ioengine=psync", "--rw=write",
               f"--size={size}", "--bs=1M"])
-    workers = {"stock": Worker("stock", sys.executable), "deepnvme": Worker("deepnvme", sys.executable)}
+    workers = {"stock": Worker("stock", sys.executable), "deepnvme": Worker("deepnvme", sys.executable),
+               "bare": Bare(128 * MiB)}
     settle = Settle(0.3, [a.dir])
     try:
         for op in ("write", "read"):
@@ -40,7 +90,9 @@ def main():
                 gb = {k: [] for k in workers}
                 cpu = {k: [] for k in workers}
                 for r in range(a.rounds):
-                    for k in list(workers) if r % 2 == 0 else list(workers)[::-1]:
+                    # The three in rotation, each first and last in turn.
+                    order = list(workers)[r % 3:] + list(workers)[:r % 3]
+                    for k in order if r % 2 == 0 else order[::-1]:
                         settle()
                         out = workers[k].run({"op": op, "file": path, "size": size, "op_bytes": 128 * MiB,
                                               "block_size": MiB, "queue_depth": 32, "parallelism": par,
@@ -49,7 +101,9 @@ def main():
                         cpu[k].append(out["cpu_s_per_gb"])
                 print(f"tmpfs {op} p{par} locked: stock {med(gb['stock']):.2f}, deepnvme {med(gb['deepnvme']):.2f} GB/s; "
                       f"deepnvme/stock {fmt_ratio(ratio_stats(gb['deepnvme'], gb['stock']))}, "
-                      f"CPU per GB {fmt_ratio(ratio_stats(cpu['deepnvme'], cpu['stock']))}", flush=True)
+                      f"CPU per GB {fmt_ratio(ratio_stats(cpu['deepnvme'], cpu['stock']))}; "
+                      f"bare {med(gb['bare']):.2f} GB/s, deepnvme/bare {fmt_ratio(ratio_stats(gb['deepnvme'], gb['bare']))}, "
+                      f"stock/bare {fmt_ratio(ratio_stats(gb['stock'], gb['bare']))}", flush=True)
     finally:
         for w in workers.values():
             w.close()
