@@ -582,7 +582,7 @@ def plain_vs_locked(cells):
     L = ["### Plain tensors against locked ones", "",
          "deepnvme's GB/s with a plain `torch.empty` tensor (bounced: read into, or written from, a pooled "
          "buffer, the copy on the calling thread, spread over cores for large copies) over its GB/s with a "
-         "locked tensor in the same cell, per round.", "",
+         "locked tensor in the same cell, per round. What bounds it: [bounds.md](bounds.md).", "",
          "| cell | locked | plain | plain/locked |", "|---|---:|---:|---:|"]
     locked = {(c["op"], c["bs"], c["qd"], c["par"]): c for c in cells if c["buffer"] == "locked"}
     for c in cells:
@@ -650,7 +650,7 @@ def write_fast_report(res, out):
           "device queue), so queue depth buys no device parallelism, and the cores that submit also do the "
           "\"device's\" work. It bounds how much CPU the stack costs per byte, the quantity that limits a "
           "fast array on a machine this size.", "",
-          "What bounds each target, with profiles: [history.md](history.md#2026-12-01-fast-device-tier-engine-per-file-small-ops).", "",
+          "What bounds each target that is not met, with the measurements: [bounds.md](bounds.md).", "",
           "tmpfs is the other case: a file system in the page cache, on which io_uring cannot run a read or "
           "write without blocking and hands every request to a kernel worker thread; deepnvme runs such files "
           "on its psync engine (`src/engine/choice.rs`). Its rows add deepnvme with io_uring forced "
