@@ -161,8 +161,8 @@ pub trait Staging: Send {
 /// [`BufferDesc::from_raw_parts`], whose contract is that its `len` bytes
 /// stay valid, and nobody else's, until the op given it has finished; a
 /// `HostMemcpy` belongs to that op's `Staging` (it is made for it, and
-/// kept nowhere else), so it lives no longer than the op and copies only
-/// when that `Staging`'s holder, one thread at a time, calls it; `new`
+/// kept nowhere else), so it lives no longer than the op, and it copies
+/// only through `&mut self`, so one thread at a time; `new`
 /// checked that the bytes are contiguous host memory; a copy covers at most
 /// `len` bytes, and never more than the bounce buffer holds; the bounce
 /// buffer is the core's own allocation, so it never overlaps them. An empty
@@ -185,7 +185,7 @@ impl HostMemcpy {
     }
 
     /// Caller's bytes -> `bounce`; returns the bytes copied.
-    pub(crate) fn bytes_to_bounce(&self, bounce: &mut [u8]) -> usize {
+    pub(crate) fn bytes_to_bounce(&mut self, bounce: &mut [u8]) -> usize {
         let n = self.desc.len.min(bounce.len());
         if n > 0 {
             // SAFETY: the caller's first `n` bytes, read while nothing else
@@ -197,7 +197,7 @@ impl HostMemcpy {
     }
 
     /// `bounce` -> caller's bytes; returns the bytes copied.
-    pub(crate) fn bytes_from_bounce(&self, bounce: &[u8]) -> usize {
+    pub(crate) fn bytes_from_bounce(&mut self, bounce: &[u8]) -> usize {
         let n = self.desc.len.min(bounce.len());
         if n > 0 {
             // SAFETY: the caller's first `n` bytes, written while nothing
@@ -270,7 +270,7 @@ mod tests {
             let original = caller.clone();
             // SAFETY: `caller` outlives the copier and is used only through it meanwhile.
             let desc = unsafe { BufferDesc::from_raw_parts(caller.as_mut_ptr().add(17), described) };
-            let memcpy = HostMemcpy::new(desc).expect("contiguous host memory");
+            let mut memcpy = HostMemcpy::new(desc).expect("contiguous host memory");
             let n = described.min(bounce_len);
 
             let mut bounce = vec![0xEEu8; bounce_len + 8];
@@ -296,7 +296,7 @@ mod tests {
         assert!(HostMemcpy::new(null.located(Location::OtherDevice)).is_none());
         assert!(HostMemcpy::new(null.contiguous(false)).is_none());
         assert!(matches!(HostMemcpy::of(null.contiguous(false)), Err(Error::Copy(_))));
-        let empty = HostMemcpy::of(null).expect("empty host memory");
+        let mut empty = HostMemcpy::of(null).expect("empty host memory");
         assert_eq!(empty.bytes_to_bounce(&mut [0u8; 4]), 0);
         assert_eq!(empty.bytes_from_bounce(&[1u8; 4]), 0);
         let mut staging: Box<dyn Staging> = Box::new(empty);

@@ -102,11 +102,14 @@ impl PyStaging {
     /// ownership rule says (`op/caller.rs`): through `CallerMemory`, inside
     /// this object's hold (the GIL) after checking the bytes are still where
     /// they were given.
-    fn memcpy_held(&self, copy: impl FnOnce(&HostMemcpy) -> usize) -> Result<()> {
-        let memcpy = self.memcpy.as_ref().ok_or_else(|| Error::Copy("no copier for device or strided memory".into()))?;
+    fn memcpy_held(&mut self, copy: impl FnOnce(&mut HostMemcpy) -> usize) -> Result<()> {
+        // Out of `self` while it copies: the hold borrows the rest of `self`.
+        let mut memcpy = self.memcpy.take().ok_or_else(|| Error::Copy("no copier for device or strided memory".into()))?;
         let caller = CallerMemory { addr: self.desc.ptr() as usize, len: self.desc.len() };
         let what = || format!("a copy of {} bytes of a Python object without a copier", self.desc.len());
-        caller.with_bytes(self, 0, self.desc.len(), &what, |_| copy(memcpy)).map(drop)
+        let copied = caller.with_bytes(&*self, 0, self.desc.len(), &what, |_| copy(&mut memcpy)).map(drop);
+        self.memcpy = Some(memcpy);
+        copied
     }
 }
 
