@@ -154,8 +154,8 @@ def main():
         out.append(f"| {row['cell']} | {med['stock']:.2f} | {med['deepnvme']:.2f} | {cli_cell} | "
                    f"{fmt(row['deepnvme_over_stock'])} | {over_cli} |")
     out += ["", f"Load average (1 min) at the start and after each round: {', '.join(f'{x:.1f}' for x in load)} — "
-            "other engineers were compiling on this 2-core machine throughout, so single runs swing widely; "
-            "read the medians and ratios, not one round. Every run is in `docs/perf/ds_io.json`.", ""]
+            "on a shared 2-core VM single runs swing widely, so read the medians and ratios, not one round. "
+            "Every run is in `docs/perf/ds_io.json`.", ""]
     with open(os.path.join(doc, "ds_io.md"), "w") as f:
         f.write("\n".join(out))
     print(f"ds_io_compare: wrote {os.path.join(doc, 'ds_io.md')}")
