@@ -1,9 +1,9 @@
 """Bounce path against locked memory, side by side in one run.
 
-    python benches/bounce_ratio.py [--size-mb 256] [--rounds 5] [--dir DIR]
+    python benches/bounce_ratio.py [--size-mb 256] [--rounds 5] [--parallelism 1] [--dir DIR]
 
 Writes and reads SIZE MiB through DeepSpeed's loader (deepnvme's aio_handle,
-block 1 MiB, queue depth 32, parallelism 1, overlap_events on) from a plain
+block 1 MiB, queue depth 32, overlap_events on) from a plain
 CPU tensor (torch.empty: bounced) and from a locked tensor
 (new_cpu_locked_tensor: direct), alternating which goes first in each round,
 with the page cache dropped (as root) and a pause before every run. Prints
@@ -39,12 +39,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--parallelism", type=int, default=1, help="intra_op_parallelism")
     ap.add_argument("--dir", default=".")
     ap.add_argument("--verbose", action="store_true", help="print every run")
     args = ap.parse_args()
     n = args.size_mb << 20
     aio = AsyncIOBuilder().load()
-    h = aio.aio_handle(1 << 20, 32, False, True, 1)
+    h = aio.aio_handle(1 << 20, 32, False, True, args.parallelism)
     locked = h.new_cpu_locked_tensor(n, torch.empty(0, dtype=torch.uint8))
     plain = torch.empty(n, dtype=torch.uint8)
     locked.random_(0, 255)

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """deepnvme against DeepSpeed's stock async_io op on a tmpfs file, side by side.
 
-    python benches/tmpfs_ratio.py --dir /mnt/tmpfs [--rounds 8] [--size 512M]
+    python benches/tmpfs_ratio.py --dir /mnt/tmpfs [--rounds 12] [--size 512M]
 
 Locked tensors, 1 MiB blocks, queue depth 32, 128 MiB ops, write and read at
 intra_op_parallelism 1 and 2: the cells where deepnvme's engine per file
 (`src/engine/choice.rs`: psync for files on tmpfs) meets the stock op's
 libaio, whose io_submit does a tmpfs file's copies inline. Each
 implementation is a long-lived `benches/ds_worker.py` worker (run it with
-the venv's python, as `benches/run.sh` does); the order alternates every
-round, and every run follows a syncfs of the tmpfs, a drop of the page
+the venv's python, as `benches/run.sh` does, and with TORCH_EXTENSIONS_DIR
+where the stock op's JIT build is cached); the order goes through all six
+permutations every six rounds, and every run follows a syncfs of the tmpfs, a drop of the page
 cache and a pause. Prints the median [min-max] of the per-round ratios of
 GB/s and of CPU seconds per GB.
 
@@ -74,7 +75,7 @@ class Bare:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", required=True, help="a directory on tmpfs")
-    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=12, help="a multiple of 6 keeps the orders balanced")
     p.add_argument("--size", default="512M")
     a = p.parse_args()
     size = parse_size(a.size)

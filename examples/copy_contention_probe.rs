@@ -20,11 +20,11 @@
 //! When `locked+copy / locked` comes out near `plain / locked`, the copy's
 //! memory traffic, not the bounce pipeline, is what costs the plain pass.
 //! It prints GB/s per pass and the per-round ratios (median and range).
-//! The file is written first when it is missing or shorter.
+//! The file is written first when it is missing or shorter. Use a multiple
+//! of 6 rounds, so that every order comes up equally often.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deepnvme::{FileTarget, HandleConfig, IoHandle, LockedBuffer};
@@ -59,26 +59,24 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-/// Copies 64 MiB to 64 MiB in 4 MiB steps at `gb_per_s` until `stop`,
-/// with streaming stores where the CPU has them (as the bounce copy).
-fn paced_copy(gb_per_s: f64, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<f64> {
-    std::thread::spawn(move || {
-        const STEP: usize = 4 << 20;
-        let src = vec![1u8; 64 << 20];
-        let mut dst = vec![0u8; 64 << 20];
-        let (t0, mut moved) = (Instant::now(), 0usize);
-        while !stop.load(Ordering::Relaxed) {
-            let due = moved as f64 / (gb_per_s * 1e9);
-            let now = t0.elapsed().as_secs_f64();
-            if due > now {
-                std::thread::sleep(Duration::from_secs_f64(due - now));
-            }
-            let at = moved % src.len();
-            copy_streaming(&mut dst[at..at + STEP], &src[at..at + STEP]);
-            moved += STEP;
+/// Copies `src` to `dst` in 4 MiB steps at `gb_per_s` until `stop`, with
+/// streaming stores where the CPU has them (as the bounce copy); says
+/// `ready` before its first step. Returns the rate it kept.
+fn paced_copy(src: &[u8], dst: &mut [u8], gb_per_s: f64, ready: &AtomicBool, stop: &AtomicBool) -> f64 {
+    const STEP: usize = 4 << 20;
+    let (t0, mut moved) = (Instant::now(), 0usize);
+    ready.store(true, Ordering::Release);
+    while !stop.load(Ordering::Relaxed) {
+        let due = moved as f64 / (gb_per_s * 1e9);
+        let now = t0.elapsed().as_secs_f64();
+        if due > now {
+            std::thread::sleep(Duration::from_secs_f64(due - now));
         }
-        moved as f64 / t0.elapsed().as_secs_f64() / 1e9
-    })
+        let at = moved % src.len();
+        copy_streaming(&mut dst[at..at + STEP], &src[at..at + STEP]);
+        moved += STEP;
+    }
+    moved as f64 / t0.elapsed().as_secs_f64() / 1e9
 }
 
 fn copy_streaming(dst: &mut [u8], src: &[u8]) {
@@ -110,7 +108,9 @@ fn settle() {
 
 fn median_range(mut xs: Vec<f64>) -> String {
     xs.sort_by(|a, b| a.total_cmp(b));
-    format!("{:.3} [{:.3}-{:.3}]", xs[xs.len() / 2], xs[0], xs[xs.len() - 1])
+    let n = xs.len();
+    let median = if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 };
+    format!("{median:.3} [{:.3}-{:.3}]", xs[0], xs[n - 1])
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -132,6 +132,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Unlocked and off page alignment, as a torch tensor's storage is.
     let mut plain_storage = vec![0x5au8; OP_BYTES + 64];
     let plain = &mut plain_storage[64..64 + OP_BYTES];
+    // The copy thread's memory, allocated and faulted in once: its pass
+    // then adds only the paced copy's traffic.
+    let copy_src = vec![1u8; 64 << 20];
+    let mut copy_dst = vec![2u8; 64 << 20];
     let file = || FileTarget::Path(args.file.as_path());
     if std::fs::metadata(&args.file).map_or(0, |m| m.len() as usize) < FILE_BYTES {
         for off in (0..FILE_BYTES).step_by(OP_BYTES) {
@@ -166,16 +170,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut copied = 0.0;
         for i in order {
             settle();
-            let stop = Arc::new(AtomicBool::new(false));
-            let copier = (i == 2).then(|| paced_copy(plain_rate, stop.clone()));
-            gb[i] = pass(PASSES[i], &mut locked, plain)?;
-            stop.store(true, Ordering::Relaxed);
-            if let Some(c) = copier {
-                copied = c.join().map_err(|_| "the copy thread panicked")?;
+            if i != 2 {
+                gb[i] = pass(PASSES[i], &mut locked, plain)?;
+                if i == 1 {
+                    plain_rate = gb[1];
+                }
+                continue;
             }
-            if i == 1 {
-                plain_rate = gb[1];
-            }
+            let (ready, stop) = (AtomicBool::new(false), AtomicBool::new(false));
+            let (src, dst) = (&copy_src[..], &mut copy_dst[..]);
+            gb[2] = std::thread::scope(|s| {
+                let copier = s.spawn(|| paced_copy(src, dst, plain_rate, &ready, &stop));
+                while !ready.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                let gb = pass(PASSES[2], &mut locked, plain);
+                stop.store(true, Ordering::Relaxed);
+                copied = copier.join().unwrap_or(f64::NAN);
+                gb
+            })?;
         }
         println!(
             "round {round}: {what} locked {:.3}, plain {:.3}, locked+copy {:.3} GB/s (the copy thread {copied:.2} GB/s)",

@@ -162,7 +162,9 @@ pub trait Staging: Send {
 /// stay valid, and nobody else's, until the op given it has finished; a
 /// `HostMemcpy` belongs to that op's `Staging` (it is made for it, and
 /// kept nowhere else), so it lives no longer than the op, and it copies
-/// only through `&mut self`, so one thread at a time; `new`
+/// only through `&mut self`, one copy at a time (that the op's other
+/// accesses to the same bytes do not overlap its copies is the ownership
+/// rule's and the handle's order, `op/caller.rs`); `new`
 /// checked that the bytes are contiguous host memory; a copy covers at most
 /// `len` bytes, and never more than the bounce buffer holds; the bounce
 /// buffer is the core's own allocation, so it never overlaps them. An empty
