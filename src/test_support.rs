@@ -251,6 +251,23 @@ pub struct DirtyKib {
     pub shared: usize,
 }
 
+/// The name (`comm`) of each of this process's threads, from /proc/self/task.
+pub fn thread_names() -> Vec<String> {
+    fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(|t| fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|comm| comm.trim_end().to_string())
+        .collect()
+}
+
+/// This process's threads, less the kernel's io_uring workers (`iou-wrk-*`:
+/// the kernel adds them to a ring's owner when a request blocks, more of
+/// them on a loaded machine, and they leave on their own timer after the
+/// ring is gone): those are not the library's to start or stop.
+pub fn threads_but_io_uring_workers() -> usize {
+    thread_names().iter().filter(|comm| !comm.starts_with("iou-wrk-")).count()
+}
+
 pub fn dirty_kib_of(addr: usize, len: usize) -> DirtyKib {
     DirtyKib { private: smaps_kib_of(addr, len, "Private_Dirty"), shared: smaps_kib_of(addr, len, "Shared_Dirty") }
 }

@@ -103,11 +103,7 @@ fn handle(engine: Option<EngineKind>) -> IoHandle {
 /// The kernel worker threads io_uring runs for this process, by name
 /// (`iou-wrk-<submitting thread>`).
 fn iou_workers() -> std::collections::HashSet<String> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|comm| comm.starts_with("iou-wrk"))
-        .collect()
+    thread_names().into_iter().filter(|comm| comm.starts_with("iou-wrk")).collect()
 }
 
 fn fs_of(path: &Path) -> Option<PuntingFs> {

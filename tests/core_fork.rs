@@ -561,11 +561,7 @@ fn a_child_leaving_with_exit_after_psync_helpers_ran_exits_cleanly() {
             .unwrap_or_else(|e| panic!("one-shot {direction:?}: {e}"));
     }
     assert_bytes_eq(&data, &pattern(33, 1 << 20), "one-shot round trip");
-    let helpers = std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|comm| comm.starts_with("deepnvme-psync"))
-        .count();
+    let helpers = thread_names().iter().filter(|comm| comm.starts_with("deepnvme-psync")).count();
     assert!(helpers > 0, "the transfer started no psync helper, so this test would test nothing");
     // SAFETY: the child only calls exit(), which runs this thread's
     // destructors (the point) and the process's atexit handlers.

@@ -336,16 +336,7 @@ fn validate_prints_pass_and_fail() {
 fn transfer_once_starts_no_threads_and_reuses_its_engine() {
     let _g = serial();
     let dir = TempDir::new("once");
-    // Threads of this process other than the kernel's io_uring workers
-    // (`iou-wrk-*`, which the kernel adds to a ring's owner when a request
-    // blocks, more of them on a loaded machine): those are not ours to start.
-    let threads = || {
-        std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-            .filter(|comm| !comm.starts_with("iou-wrk-"))
-            .count()
-    };
+    let threads = threads_but_io_uring_workers;
     for engine in engines() {
         let config = deepnvme::HandleConfig { engine: Some(engine), queue_depth: 8, ..config(engine) };
         let data = pattern(21, 100_001);

@@ -487,11 +487,7 @@ fn a_file_size_limit_is_efbig_naming_file_and_offset() {
 }
 
 fn deepnvme_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task")
-        .filter_map(|e| e.ok())
-        .filter(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.starts_with("deepnvme")))
-        .count()
+    thread_names().iter().filter(|comm| comm.starts_with("deepnvme")).count()
 }
 
 /// Each deepnvme thread's name, state and kernel wait channel (for a
@@ -509,16 +505,6 @@ fn deepnvme_thread_states() -> String {
     out.join("; ")
 }
 
-/// This process's threads, less the kernel's io_uring workers (`iou-wrk-*`:
-/// they serve a ring's punted requests and leave on their own timer after
-/// the ring is gone, so a busy machine can still list them).
-fn task_count() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task")
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
-        .filter(|comm| !comm.starts_with("iou-wrk-"))
-        .count()
-}
 
 /// The descriptors that are io_uring rings.
 fn io_uring_fds() -> usize {
@@ -576,7 +562,7 @@ fn thousands_of_handles_leak_no_fds_threads_or_locked_memory() {
     for &e in &engines {
         drop(handle_with(e, 4096, 4, false, false, 2));
     }
-    let (fds, threads, ours, locked) = (open_fd_count(), task_count(), deepnvme_threads(), vm_locked_bytes());
+    let (fds, threads, ours, locked) = (open_fd_count(), threads_but_io_uring_workers(), deepnvme_threads(), vm_locked_bytes());
     let start = std::time::Instant::now();
     for i in 0..2000usize {
         let engine = engines[i % engines.len()];
@@ -608,7 +594,7 @@ fn thousands_of_handles_leak_no_fds_threads_or_locked_memory() {
     }
     assert_eq!(deepnvme_threads(), ours, "deepnvme threads after 2000 handles: {}", deepnvme_thread_states());
     // Other test threads waiting on SERIAL may come and go.
-    assert!(task_count() <= threads + 4, "threads after 2000 handles: {} (was {threads})", task_count());
+    assert!(threads_but_io_uring_workers() <= threads + 4, "threads after 2000 handles: {} (was {threads})", threads_but_io_uring_workers());
     assert_eq!(vm_locked_bytes(), locked, "locked bytes after 2000 handles");
 }
 
