@@ -1,7 +1,14 @@
 """Helpers shared by the side-by-side ratio benchmarks (standard library only)."""
 
 import os
+import resource
 import time
+
+
+def cpu_seconds():
+    """User plus system CPU seconds of this process (all its threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def drop_caches(pause=0.5):

@@ -14,18 +14,12 @@ with the venv that `bindings/install.sh` made.
 
 import argparse
 import os
-import resource
 import statistics
 import time
 
 import torch
-from bench_common import drop_caches
+from bench_common import cpu_seconds, drop_caches
 from deepspeed.ops.op_builder import AsyncIOBuilder
-
-
-def cpu_seconds():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def timed(fn):

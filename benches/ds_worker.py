@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import sys
 import time
 
@@ -42,11 +41,7 @@ import time
 # The harness's own size parser (this script runs from benches/, so run.py is
 # importable; it imports only the standard library).
 from run import parse_size  # noqa: E402
-
-
-def cpu_seconds():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+from bench_common import cpu_seconds  # noqa: E402
 
 
 class Impl:

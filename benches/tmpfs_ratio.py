@@ -23,17 +23,12 @@ write cannot pass (tmpfs takes the file's inode lock for the whole copy).
 import argparse
 import mmap
 import os
-import resource
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import cpu_seconds  # noqa: E402
 from run import MiB, Settle, Worker, fio_json, fmt_ratio, med, parse_size, ratio_stats  # noqa: E402
-
-
-def cpu_seconds():
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime
 
 
 class Bare:
