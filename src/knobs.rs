@@ -110,6 +110,11 @@ pub const BOUNCE_WINDOWS_MAX_BYTES: usize = 256 << 20;
 /// the copy, not the device, is behind, and fewer windows ahead keep the
 /// next chunk's bytes in the CPU's cache until they are copied.
 pub const BOUNCE_READY_WAIT: std::time::Duration = std::time::Duration::from_micros(20);
+/// A bounced read lowers its read-ahead only while its copier spent less
+/// than 1/N of its recent time waiting for chunks: a device that delivers
+/// chunks in bursts (a VM's disk) leaves some done early, but the copier
+/// still waits for most of its time, and fewer windows would starve it.
+pub const BOUNCE_COPY_BOUND_WAIT_SHARE: u64 = 4;
 /// Seed of the model-based tests' op sequences (tests only; unset: a fixed
 /// seed and one random seed, printed).
 pub const MODEL_SEED_ENV: &str = "DEEPNVME_MODEL_SEED";

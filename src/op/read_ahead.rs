@@ -9,20 +9,27 @@
 //! back from memory instead of the cache (measured on ext4 on zram:
 //! docs/perf/read_ahead_ab.md).
 //!
-//! So the number in flight follows what the copy sees: one fewer after
-//! each chunk that was already done when it was waited for (down to
-//! [`BOUNCE_WINDOWS_MIN`]), one more after each that made it wait (up to
-//! all the op's windows). One step each way: doubling on a wait kept it
-//! above the least on zram, where a 2-core VM's scheduler makes the copy
-//! wait now and then. A handle remembers where its last read left it, so
-//! the next one starts there. Writes copy before the I/O and always use
+//! So the number in flight follows what the copy sees: one more after each
+//! chunk that made it wait (up to all the op's windows), one fewer after
+//! each that was already done when it was waited for (down to
+//! [`BOUNCE_WINDOWS_MIN`]), but only while the copier is the one behind:
+//! it spent less than a quarter
+//! ([`BOUNCE_COPY_BOUND_WAIT_SHARE`]) of its recent time waiting. Without
+//! that condition a device that completes chunks in bursts (this VM's
+//! virtio disk: one long wait, then several chunks done) drove the limit
+//! down to 3–5 windows while the copier waited most of the time, and
+//! bounced reads lost 3–8% against locked ones
+//! (docs/perf/read_ahead_ab.md). One step each way: doubling on a wait
+//! kept it above the least on zram, where a 2-core VM's scheduler makes the
+//! copy wait now and then. A handle remembers where its last read left it,
+//! so the next one starts there. Writes copy before the I/O and always use
 //! all their windows.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::knobs::{BOUNCE_READY_WAIT, BOUNCE_WINDOWS_MIN};
+use crate::knobs::{BOUNCE_COPY_BOUND_WAIT_SHARE, BOUNCE_READY_WAIT, BOUNCE_WINDOWS_MIN};
 
 /// A handle's memory of its reads' read-ahead, shared by its windowed ops
 /// (0: none yet).
@@ -36,6 +43,10 @@ pub(crate) struct ReadAhead {
     /// The op's first wait says nothing: there was nothing to copy yet.
     first_seen: bool,
     memory: ReadAheadMemory,
+    /// The copier's recent time waiting for chunks and copying them out, in
+    /// ns, each decayed by an eighth per chunk (about the last 8 chunks).
+    recent_wait_ns: u64,
+    recent_copy_ns: u64,
 }
 
 impl ReadAhead {
@@ -45,7 +56,7 @@ impl ReadAhead {
         let least = BOUNCE_WINDOWS_MIN.min(windows);
         let remembered = memory.0.load(Ordering::Relaxed);
         let limit = if remembered == 0 { least } else { remembered.clamp(least, windows) };
-        ReadAhead { limit, most: windows, first_seen: false, memory }
+        ReadAhead { limit, most: windows, first_seen: false, memory, recent_wait_ns: 0, recent_copy_ns: 0 }
     }
 
     /// How many chunks may be in flight now.
@@ -53,15 +64,21 @@ impl ReadAhead {
         self.limit
     }
 
-    /// A chunk finished, its wait having taken `waited`.
-    pub(crate) fn observe(&mut self, waited: Duration) {
+    /// A chunk was copied out after a wait of `waited`; the copy took `copied`.
+    pub(crate) fn observe(&mut self, waited: Duration, copied: Duration) {
         if !std::mem::replace(&mut self.first_seen, true) {
             return;
         }
-        self.limit = if waited < BOUNCE_READY_WAIT {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.recent_wait_ns = (self.recent_wait_ns - self.recent_wait_ns / 8).saturating_add(ns(waited));
+        self.recent_copy_ns = (self.recent_copy_ns - self.recent_copy_ns / 8).saturating_add(ns(copied));
+        let copier_behind = self.recent_wait_ns.saturating_mul(BOUNCE_COPY_BOUND_WAIT_SHARE - 1) < self.recent_copy_ns;
+        self.limit = if waited >= BOUNCE_READY_WAIT {
+            (self.limit + 1).min(self.most)
+        } else if copier_behind {
             self.limit.saturating_sub(1).max(BOUNCE_WINDOWS_MIN.min(self.most))
         } else {
-            (self.limit + 1).min(self.most)
+            self.limit
         };
         self.memory.0.store(self.limit, Ordering::Relaxed);
     }
@@ -71,25 +88,64 @@ impl ReadAhead {
 mod tests {
     use super::*;
 
-    const DONE: Duration = Duration::ZERO;
-    const WAITED: Duration = Duration::from_millis(1);
+    const COPY: Duration = Duration::from_micros(300);
+    /// A chunk already done when the copier came for it.
+    fn done(ahead: &mut ReadAhead) {
+        ahead.observe(Duration::ZERO, COPY);
+    }
+    /// A chunk the copier waited for.
+    fn waited(ahead: &mut ReadAhead) {
+        ahead.observe(Duration::from_millis(1), COPY);
+    }
 
     #[test]
     fn a_copy_that_keeps_finding_its_chunks_done_runs_few_ahead() {
         let mut ahead = ReadAhead::new(18, ReadAheadMemory::default());
         assert_eq!(ahead.limit(), BOUNCE_WINDOWS_MIN, "starts low");
-        ahead.observe(WAITED); // the first wait: nothing was there to copy
+        waited(&mut ahead); // the first wait: nothing was there to copy
         assert_eq!(ahead.limit(), BOUNCE_WINDOWS_MIN);
-        ahead.observe(WAITED);
+        waited(&mut ahead);
         assert_eq!(ahead.limit(), BOUNCE_WINDOWS_MIN + 1);
         for _ in 0..40 {
-            ahead.observe(WAITED);
+            waited(&mut ahead);
         }
         assert_eq!(ahead.limit(), 18, "a slow device raises it up to every window");
+        done(&mut ahead);
+        assert_eq!(ahead.limit(), 18, "the copier still waited for most of its recent time");
         for _ in 0..40 {
-            ahead.observe(DONE);
+            done(&mut ahead);
         }
         assert_eq!(ahead.limit(), BOUNCE_WINDOWS_MIN, "a fast device takes it down to the least");
+    }
+
+    #[test]
+    fn a_device_that_completes_in_bursts_keeps_every_window_in_flight() {
+        // One long wait, then three chunks that came with it: the copier is
+        // still the one waiting (the virtio disk's pattern).
+        let mut ahead = ReadAhead::new(18, ReadAheadMemory::default());
+        for _ in 0..30 {
+            ahead.observe(Duration::from_millis(2), COPY);
+            for _ in 0..3 {
+                done(&mut ahead);
+            }
+        }
+        assert_eq!(ahead.limit(), 18);
+    }
+
+    #[test]
+    fn a_copier_that_waits_now_and_then_still_runs_few_ahead() {
+        // A fast device on a busy 2-core machine: a short wait every tenth chunk.
+        let mut ahead = ReadAhead::new(18, ReadAheadMemory::default());
+        for _ in 0..20 {
+            waited(&mut ahead);
+        }
+        for i in 0..200 {
+            match i % 10 {
+                0 => ahead.observe(Duration::from_micros(50), COPY),
+                _ => done(&mut ahead),
+            }
+        }
+        assert!(ahead.limit() <= BOUNCE_WINDOWS_MIN + 1, "limit {}", ahead.limit());
     }
 
     #[test]
@@ -97,13 +153,13 @@ mod tests {
         let memory = ReadAheadMemory::default();
         let mut first = ReadAhead::new(18, memory.clone());
         for _ in 0..10 {
-            first.observe(WAITED);
+            waited(&mut first);
         }
         assert_eq!(first.limit(), 12, "the least, raised once per wait after the first");
         let mut second = ReadAhead::new(18, memory.clone());
         assert_eq!(second.limit(), 12);
-        second.observe(WAITED); // its own first wait changes nothing
-        second.observe(DONE);
+        done(&mut second); // its own first chunk changes nothing
+        done(&mut second);
         assert_eq!(ReadAhead::new(18, memory.clone()).limit(), 11);
         assert_eq!(ReadAhead::new(5, memory.clone()).limit(), 5, "never more than the op's windows");
         assert_eq!(ReadAhead::new(2, memory).limit(), 2, "nor fewer than it has, when it has few");

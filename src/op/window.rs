@@ -17,6 +17,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::caller::{bytes, bytes_mut, CallerMemory};
 use super::checks::{describe_op, report_validation};
@@ -267,9 +268,9 @@ impl<R: ChunkRunner> WindowRun<R> {
     /// (the op then stops here, its chunks still in flight).
     fn advance(&mut self, between: &mut dyn FnMut() -> Result<()>) -> Option<Error> {
         while self.next < self.chunks && self.first.is_none() {
-            // A read whose chunks are done drains them here, lowering its
-            // limit with each: a device faster than the copy brings it to
-            // the least within one pass (measured as the best, read_ahead.rs).
+            // A read whose chunks are done drains them here; while the copy
+            // is the one behind, each lowers its limit: a device faster than
+            // the copy brings it to the least (measured as the best, read_ahead.rs).
             while !self.in_flight.is_empty() && (self.in_flight.len() >= self.in_flight_limit() || self.free.is_empty()) {
                 self.finish_oldest();
                 if self.first.is_some() {
@@ -325,11 +326,9 @@ impl<R: ChunkRunner> WindowRun<R> {
     /// caller (unless the op already failed).
     fn finish_oldest(&mut self) {
         let Some((j, w)) = self.in_flight.pop_front() else { return };
-        let waited = std::time::Instant::now();
+        let waiting = Instant::now();
         let outcome = self.runner.finish_oldest();
-        if self.op.direction == Direction::Read {
-            self.ahead.observe(waited.elapsed());
-        }
+        let waited = waiting.elapsed();
         // The window is free once its I/O is done; a read's copy below is
         // made before the next chunk can take it.
         self.free.push(w);
@@ -337,7 +336,12 @@ impl<R: ChunkRunner> WindowRun<R> {
             return;
         }
         let outcome = outcome.and_then(|()| match self.op.direction {
-            Direction::Read => self.op.copy_out(j, &self.windows[w]),
+            Direction::Read => {
+                let copying = Instant::now();
+                let copied = self.op.copy_out(j, &self.windows[w]);
+                self.ahead.observe(waited, copying.elapsed());
+                copied
+            }
             Direction::Write => Ok(()),
         });
         match outcome {
