@@ -14,13 +14,17 @@ permutations every six rounds, and every run follows a syncfs of the tmpfs, a dr
 cache and a pause. Prints the median [min-max] of the per-round ratios of
 GB/s and of CPU seconds per GB.
 
-A third participant, `bare`, is this script itself making one pwrite (or
-pread) per op from one thread, into memory on transparent huge pages as
-deepnvme's locked tensors are: the kernel's own rate for one file, which a
-write cannot pass (tmpfs takes the file's inode lock for the whole copy).
+A third participant, `bare`, is this script itself moving each op with one
+pwrite (or preadv) per worker the handle has (intra_op_parallelism), each
+from a thread of its own over its slice of the op, into memory on
+transparent huge pages as deepnvme's locked tensors are: the kernel's own
+rate for one file with that many threads. A write cannot pass one thread's
+rate (tmpfs takes the file's inode lock for the whole copy); a read with
+as many threads as cores is what the cores can copy.
 """
 
 import argparse
+import concurrent.futures
 import mmap
 import os
 import sys
@@ -32,8 +36,8 @@ from run import MiB, Settle, Worker, fio_json, fmt_ratio, med, parse_size, ratio
 
 
 class Bare:
-    """One pwrite/pread per op from this thread, opening the file per op as
-    DeepSpeed's sync calls do, into a huge-page mapping."""
+    """One pwrite/preadv per slice, a thread per slice, opening the file per
+    op as DeepSpeed's sync calls do, into a huge-page mapping."""
 
     def __init__(self, op_bytes):
         self.buf = mmap.mmap(-1, op_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -44,22 +48,32 @@ class Bare:
 
     def run(self, cfg):
         op, path, size, n = cfg["op"], cfg["file"], cfg["size"], cfg["op_bytes"]
+        par = max(1, cfg["parallelism"])
         flags = (os.O_WRONLY if op == "write" else os.O_RDONLY) | os.O_DIRECT
+        step = -(-n // par) + 4095 & ~4095  # page-aligned slices, as deepnvme cuts them
+        slices = [(s, min(step, n - s)) for s in range(0, n, step)]
 
-        def one(off):
+        def one_slice(fd, off, s, length):
+            part = self.view[s:s + length]
+            done = os.pwrite(fd, part, off + s) if op == "write" else os.preadv(fd, [part], off + s)
+            if done != length:
+                raise RuntimeError(f"bare {op} at {off + s}: {done} of {length} bytes")
+
+        def one(pool, off):
             fd = os.open(path, flags)
             try:
-                done = os.pwrite(fd, self.view, off) if op == "write" else os.preadv(fd, [self.view], off)
+                # (os.pwrite and os.preadv release the GIL: the slices run at once.)
+                for f in [pool.submit(one_slice, fd, off, s, length) for s, length in slices]:
+                    f.result()
             finally:
                 os.close(fd)
-            if done != n:
-                raise SystemExit(f"bare {op} at {off}: {done} of {n} bytes")
 
-        one(0)  # untimed, as ds_worker's first op
-        c0, t0 = cpu_seconds(), time.perf_counter()
-        for off in range(0, size, n):
-            one(off)
-        secs, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        with concurrent.futures.ThreadPoolExecutor(max_workers=par) as pool:
+            one(pool, 0)  # untimed, as ds_worker's first op
+            c0, t0 = cpu_seconds(), time.perf_counter()
+            for off in range(0, size, n):
+                one(pool, off)
+            secs, cpu = time.perf_counter() - t0, cpu_seconds() - c0
         return {"gb_per_s": size / secs / 1e9, "cpu_s_per_gb": cpu / (size / 1e9)}
 
     def close(self):
