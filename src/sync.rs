@@ -127,6 +127,10 @@ impl Condvar {
     pub fn notify_all(&self) {
         self.0.notify_all();
     }
+
+    pub fn notify_one(&self) {
+        self.0.notify_one();
+    }
 }
 
 impl fmt::Debug for Condvar {

@@ -11,14 +11,14 @@
 //! | [`Role::IoWorker`] | `deepnvme-io-N` | `handle/api.rs`, one per `intra_op_parallelism` | the handle | the handle is not made |
 //! | [`Role::Psync`] | `deepnvme-psync-N` | `engine/psync.rs`, on a psync engine's first run of several pieces | the engine | the engine runs with the helpers it has (at worst none: the calling thread alone) |
 //! | [`Role::GdsPiece`] | `deepnvme-gds-N` | `gds/piece_pool.rs`, grown to the pieces in flight | the process | the pool stops growing; with no thread at all, pieces run on the calling thread |
-//! | [`Role::Copy`] | `deepnvme-copy-N` | `host_copy.rs`, scoped, for one large copy | that copy | the calling thread copies that part itself |
+//! | [`Role::Copy`] | `deepnvme-copy-N` | `host_copy/helpers.rs`, one per CPU beyond the first (at most 7), on the first copy of 1 MiB or more | the process | the pool has fewer helpers (at worst none: the calling thread copies alone) |
 //!
 //! These are three kinds of lifetime (a handle's, an engine's, the
-//! process's) and one scoped use; they stay separate pools on purpose.
-//! Folding them into one would change who runs what (a handle's workers own
-//! their engines and rings; a psync run waits for exactly its helpers; GDS
-//! pieces must all run at once), which this module does not do: it owns how
-//! a thread is started, not what it runs.
+//! process's); they stay separate pools on purpose. Folding them into one
+//! would change who runs what (a handle's workers own their engines and
+//! rings; a psync run waits for exactly its helpers; GDS pieces must all run
+//! at once; a copy never waits for a helper to start), which this module
+//! does not do: it owns how a thread is started, not what it runs.
 //!
 //! # Threads and `fork()`
 //!
@@ -38,8 +38,10 @@
 //!   (`engine/psync.rs`, `core_fork.rs`);
 //! * the GDS piece pool is replaced by a fresh one in a child
 //!   (`gds/piece_pool.rs`);
-//! * scoped copy threads are joined before their copy returns: a fork never
-//!   finds one that a later call could wait for.
+//! * the copy helpers are left alone in a child: it copies on the calling
+//!   thread and never takes the pool's lock (`host_copy/helpers.rs`). A
+//!   copy in the parent never waits for a helper to wake, only for pieces
+//!   a helper already took, so no copy can wait on a thread the child lacks.
 //!
 //! An idle long-lived thread waits on a `std::sync` lock (through
 //! `sync.rs`), never parking_lot's: a child inherits parking_lot's table of
@@ -49,7 +51,7 @@
 //! piece pool grows under its own lock, which the handlers do not take: a
 //! child cannot use its parent's CUDA anyway.)
 
-use std::thread::{JoinHandle, Scope, ScopedJoinHandle};
+use std::thread::JoinHandle;
 
 use crate::error::{Error, Result};
 
@@ -62,7 +64,7 @@ pub(crate) enum Role {
     Psync,
     /// A thread of the GDS piece pool (`gds/piece_pool.rs`).
     GdsPiece,
-    /// A scoped thread of one large host copy (`host_copy.rs`).
+    /// A kept helper of large host copies (`host_copy/helpers.rs`).
     Copy,
 }
 
@@ -106,20 +108,6 @@ where
     std::thread::Builder::new().name(name(role, index)).spawn(body).map_err(|e| start_error(role, index, e))
 }
 
-/// Starts thread `index` of `role` in `scope` (joined when the scope ends).
-pub(crate) fn spawn_scoped<'scope, 'env, T, F>(
-    scope: &'scope Scope<'scope, 'env>,
-    role: Role,
-    index: usize,
-    body: F,
-) -> Result<ScopedJoinHandle<'scope, T>>
-where
-    T: Send + 'scope,
-    F: FnOnce() -> T + Send + 'scope,
-{
-    std::thread::Builder::new().name(name(role, index)).spawn_scoped(scope, body).map_err(|e| start_error(role, index, e))
-}
-
 /// The process a set of threads was started in (see "Threads and `fork()`"
 /// above): in any other process, a child of `fork()`, they do not exist.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,11 +133,7 @@ mod tests {
     fn threads_are_named_by_role_and_index() {
         let t = spawn(Role::Psync, 3, || std::thread::current().name().map(str::to_owned)).unwrap();
         assert_eq!(t.join().unwrap().as_deref(), Some("deepnvme-psync-3"));
-        let names: Vec<String> = std::thread::scope(|s| {
-            let t = spawn_scoped(s, Role::Copy, 1, || std::thread::current().name().map(str::to_owned)).unwrap();
-            vec![t.join().unwrap().unwrap_or_default()]
-        });
-        assert_eq!(names, ["deepnvme-copy-1"]);
+        assert_eq!(name(Role::Copy, 1), "deepnvme-copy-1");
         assert_eq!(name(Role::IoWorker, 0), "deepnvme-io-0");
         assert_eq!(name(Role::GdsPiece, 7), "deepnvme-gds-7");
         assert!(StartedIn::here().is_here());

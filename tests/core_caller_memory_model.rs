@@ -785,10 +785,17 @@ fn run_model_windowed(engine: EngineKind, seed: u64) -> Result<(), String> {
     let mut m = Model::new(seed, "", &dir, &[MIB, 14 * MIB, 512 << 10], &[12 * MIB, 9 * MIB + 512], WEIGHTS);
     m.handle = format!("handle block {MIB}, depth {QUEUE_DEPTH}, parallelism {IOP}");
     let context = format!("seed {seed}, engine {}, ops up to 12 MiB", engine_name(engine));
+    let helped_before = copy_helper_bytes();
     m = run_one_thread(&h, m, WINDOWED_MODEL_OPS, MIN_WINDOWED_OPS, context)?;
     match m.windowed_ops {
         n if n < MIN_WINDOWED_OPS => Err(format!(
             "seed {seed}: only {n} blocking ops on the plain base were larger than a bounce window (want {MIN_WINDOWED_OPS})"
+        )),
+        // The windows' 4 MiB copies are shared with the copy helpers
+        // (host_copy/helpers.rs): this model checks that path's bytes too.
+        _ if copy_helper_count() > 0 && copy_helper_bytes() == helped_before => Err(format!(
+            "seed {seed}: no copy helper took a piece of any window's copy ({} windowed ops)",
+            m.windowed_ops
         )),
         _ => Ok(()),
     }

@@ -310,6 +310,7 @@ fn forks_while_other_threads_hold_every_process_wide_lock_never_hang_the_child()
 
     // Every thread under way before the first fork.
     std::thread::sleep(Duration::from_millis(200));
+    let helped_before = copy_helper_bytes();
     let forks = 40u64;
     let mut rng = Rng::new(7);
     let mut slowest = Duration::ZERO;
@@ -335,7 +336,16 @@ fn forks_while_other_threads_hold_every_process_wide_lock_never_hang_the_child()
         let rounds = result.as_ref().unwrap_or_else(|e| panic!("a parent thread failed: {e}"));
         assert!(*rounds > 0, "a busy thread never finished a round: {results:?}");
     }
-    report(&format!("{forks} forks with busy threads ({engine:?}): slowest fork() {slowest:?}; rounds {results:?}"));
+    // The blocking read's window copies were shared with the copy helpers
+    // while the forks happened (a child copies alone: host_copy/helpers.rs).
+    let helped = copy_helper_bytes() - helped_before;
+    if copy_helper_count() > 0 {
+        assert!(helped > 0, "no copy helper took a piece of a copy during the forks");
+    }
+    report(&format!(
+        "{forks} forks with busy threads ({engine:?}): slowest fork() {slowest:?}; rounds {results:?}; copy helpers copied {} MiB",
+        helped >> 20
+    ));
 }
 
 // ---------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 //! Host memory copies of the bounce path: streaming (non-temporal) stores
-//! for large copies, and several threads for very large ones (scoped
-//! threads, started through `threads.rs`; a part whose thread cannot start
-//! is copied by the calling thread).
+//! for large copies (`copy_streaming`, here), and the process's kept copy
+//! helpers, which take pieces of copies of 1 MiB and more beside the
+//! calling thread (`helpers.rs`).
 
-use crate::sync::Mutex;
-use crate::threads::{self, Role};
+mod helpers;
+
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) use helpers::{helper_bytes, helper_count};
 
 /// Copies below this size use plain stores: the bytes may still be in the
 /// cache, and may be wanted there.
@@ -57,53 +59,13 @@ unsafe fn copy_streaming_sse2(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
-/// How many threads a copy of `bytes` is worth: one per 8 MiB, at most 8
-/// and the CPUs (one thread copies about 5–10 GB/s, a fraction of what the
-/// memory and a fast drive sustain).
-fn copy_threads(bytes: usize) -> usize {
-    const PER_THREAD: usize = 8 << 20;
-    std::thread::available_parallelism().map_or(1, |v| v.get()).min(8).min(bytes / PER_THREAD).max(1)
-}
-
-/// Runs `copy` on every part, the first on the calling thread and the
-/// others on scoped threads of their own ([`Role::Copy`]). A part whose
-/// thread cannot be started is copied on the calling thread instead.
-fn copy_parts<P: Send>(parts: impl IntoIterator<Item = P>, copy: impl Fn(P) + Sync) {
-    let mut parts = parts.into_iter().peekable();
-    let Some(first) = parts.next() else { return };
-    if parts.peek().is_none() {
-        return copy(first); // one part: no thread
-    }
-    // Each other part waits in a slot for its thread, or for this one when
-    // that thread could not be started (spawning consumed the closure).
-    let others: Vec<Mutex<Option<P>>> = parts.map(|p| Mutex::new(Some(p))).collect();
-    let copy_slot = |slot: &Mutex<Option<P>>| {
-        let part = slot.lock().take();
-        if let Some(part) = part {
-            copy(part);
-        }
-    };
-    std::thread::scope(|s| {
-        let copy_slot = &copy_slot;
-        let mut unstarted = Vec::new();
-        for (i, slot) in others.iter().enumerate() {
-            if threads::spawn_scoped(s, Role::Copy, i + 1, move || copy_slot(slot)).is_err() {
-                unstarted.push(slot);
-            }
-        }
-        copy(first);
-        unstarted.into_iter().for_each(copy_slot);
-    });
-}
-
-/// Copies `src` into `dst` (same length), with several threads when it is
-/// large.
+/// Copies `src` into `dst` (same length), sharing the pieces of a large
+/// copy with the process's copy helpers (`helpers.rs`). It returns once
+/// every byte is copied, by whichever thread.
 pub(crate) fn parallel_copy(dst: &mut [u8], src: &[u8]) {
     let n = dst.len().min(src.len());
-    let chunk = n.div_ceil(copy_threads(n)).max(1);
-    // SAFETY: two slices of equal length; a &mut never overlaps a &.
-    let copy = |(d, s_): (&mut [u8], &[u8])| unsafe { copy_streaming(d.as_mut_ptr(), s_.as_ptr(), d.len()) };
-    copy_parts(dst[..n].chunks_mut(chunk).zip(src[..n].chunks(chunk)), copy);
+    // SAFETY: two slices of at least `n` bytes; a &mut never overlaps a &.
+    unsafe { helpers::copy(dst.as_mut_ptr(), src.as_ptr(), n) };
 }
 
 #[cfg(test)]

@@ -1,0 +1,271 @@
+//! The process's copy helpers: threads kept for the life of the process
+//! that take pieces of a large host copy beside the thread that asked for it.
+//!
+//! A copy is cut into pieces of [`PIECE_BYTES`]. The calling thread posts
+//! it, wakes idle helpers, and takes pieces itself until none is left; a
+//! helper that wakes in time takes pieces too. So a copy never waits for a
+//! helper to start: a late, busy or missing helper only means the calling
+//! thread copies more. The calling thread returns only once every piece
+//! that was taken is done, so no helper touches the copy's memory after
+//! the copy returned (the ownership rule, `op/caller.rs`: a copy of caller
+//! memory runs inside the front end's hold, and so do its helpers' pieces).
+//!
+//! Why kept threads: a bounce window is 4 MiB, copied in about 0.3 ms; a
+//! thread started per copy cost more than the half it took over
+//! (docs/perf/bounds.md).
+//!
+//! `fork()`: a child has none of its parent's helpers. Its copies run on
+//! the calling thread alone, and it never takes the parent's pool's locks,
+//! which a helper may have held at the fork. (A child whose parent never
+//! made a large copy starts helpers of its own.) Starting the pool is never
+//! waited for: a thread that finds it being started copies alone.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::sync::{Condvar, Mutex};
+use crate::threads::{self, Role, StartedIn};
+
+/// One piece of a shared copy: large enough that claiming it costs nothing
+/// next to copying it, small enough that a 4 MiB window has eight.
+pub(crate) const PIECE_BYTES: usize = 512 << 10;
+
+/// At most this many helpers (with the calling thread, the copy's threads).
+const MAX_HELPERS: usize = 7;
+
+/// How long the calling thread spins for a helper's last piece before it
+/// sleeps: about one piece's copy.
+const SPIN_FOR_LAST_PIECE: Duration = Duration::from_micros(100);
+
+/// Bytes the helpers copied, process-wide (tests read it).
+static HELPER_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// One copy being shared: where, how many pieces, which is next, how many
+/// are done.
+struct SharedCopy {
+    dst: usize,
+    src: usize,
+    len: usize,
+    pieces: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    all_done: Mutex<bool>,
+    all_done_cv: Condvar,
+}
+
+impl SharedCopy {
+    /// Copies pieces until none is left to take; returns the bytes copied.
+    fn take_pieces(&self) -> usize {
+        let mut copied = 0;
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.pieces {
+                return copied;
+            }
+            let off = i * PIECE_BYTES;
+            let n = PIECE_BYTES.min(self.len - off);
+            // SAFETY: piece `i` lies inside both buffers, which stay valid
+            // until every piece is done (`copy`'s contract and its wait), and
+            // only this thread took it. copy_streaming fences its stores
+            // before the count below tells anyone the bytes are there.
+            unsafe { super::copy_streaming((self.dst + off) as *mut u8, (self.src + off) as *const u8, n) };
+            copied += n;
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces {
+                *self.all_done.lock() = true;
+                self.all_done_cv.notify_all();
+            }
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire) >= self.pieces
+    }
+
+    /// Waits for the pieces other threads took.
+    fn wait_done(&self) {
+        let spinning = Instant::now();
+        while !self.is_done() {
+            if spinning.elapsed() > SPIN_FOR_LAST_PIECE {
+                let mut done = self.all_done.lock();
+                while !*done {
+                    self.all_done_cv.wait(&mut done);
+                }
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// What the helpers wait on: the copy posted last, and a count of posts.
+#[derive(Default)]
+struct Posted {
+    generation: u64,
+    copy: Option<Arc<SharedCopy>>,
+}
+
+#[derive(Default)]
+struct Board {
+    posted: Mutex<Posted>,
+    wake: Condvar,
+}
+
+struct Pool {
+    board: Arc<Board>,
+    helpers: usize,
+    started_in: StartedIn,
+}
+
+impl Pool {
+    /// Starts one helper per CPU beyond the first (at most
+    /// [`MAX_HELPERS`]); one that cannot be started is one fewer.
+    fn start() -> Pool {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let board = Arc::new(Board::default());
+        let mut helpers = 0;
+        for index in 0..cpus.saturating_sub(1).min(MAX_HELPERS) {
+            let board = board.clone();
+            match threads::spawn(Role::Copy, index, move || helper_loop(&board)) {
+                Ok(_) => helpers += 1, // detached: it lives as long as the process
+                Err(e) => {
+                    crate::log::info_once("copy-helper-start", &format!("{e}; large copies use fewer threads"));
+                    break;
+                }
+            }
+        }
+        Pool { board, helpers, started_in: StartedIn::here() }
+    }
+}
+
+fn helper_loop(board: &Board) {
+    let mut seen = 0u64;
+    loop {
+        let copy = {
+            let mut posted = board.posted.lock();
+            loop {
+                if posted.generation != seen {
+                    seen = posted.generation;
+                    if let Some(copy) = posted.copy.clone() {
+                        break copy;
+                    }
+                }
+                board.wake.wait(&mut posted);
+            }
+        };
+        let copied = copy.take_pieces();
+        HELPER_BYTES.fetch_add(copied as u64, Ordering::Relaxed);
+    }
+}
+
+static POOL: OnceLock<Pool> = OnceLock::new();
+/// Held while the pool starts. Taken with `try_lock` only: a thread that
+/// finds it held (another thread is starting the pool, or was at a fork)
+/// copies alone instead of waiting.
+static STARTING: Mutex<()> = Mutex::new(());
+
+/// The pool, when this process has helpers (started on first use).
+fn pool() -> Option<&'static Pool> {
+    let usable = |pool: &'static Pool| (pool.helpers > 0 && pool.started_in.is_here()).then_some(pool);
+    if let Some(pool) = POOL.get() {
+        return usable(pool);
+    }
+    let _starting = STARTING.try_lock()?;
+    if POOL.get().is_none() {
+        let _ = POOL.set(Pool::start()); // (only ever set under STARTING: never waits)
+    }
+    POOL.get().and_then(usable)
+}
+
+/// Copies `len` bytes from `src` to `dst`, sharing pieces with the helpers
+/// when there are at least two pieces and the process has helpers;
+/// otherwise on this thread alone. Returns once every byte is copied.
+///
+/// # Safety
+/// As `std::ptr::copy_nonoverlapping`, for the whole call.
+pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
+    let pool = match len >= 2 * PIECE_BYTES {
+        true => pool(),
+        false => None,
+    };
+    let Some(pool) = pool else {
+        // SAFETY: the function's contract.
+        return unsafe { super::copy_streaming(dst, src, len) };
+    };
+    let pieces = len.div_ceil(PIECE_BYTES);
+    let shared = Arc::new(SharedCopy {
+        dst: dst as usize,
+        src: src as usize,
+        len,
+        pieces,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        all_done: Mutex::new(false),
+        all_done_cv: Condvar::new(),
+    });
+    {
+        let mut posted = pool.board.posted.lock();
+        posted.generation += 1;
+        posted.copy = Some(shared.clone());
+    }
+    for _ in 0..pool.helpers.min(pieces - 1) {
+        pool.board.wake.notify_one();
+    }
+    shared.take_pieces();
+    shared.wait_done();
+    // Let go of the copy (helpers that wake later find nothing to take).
+    let mut posted = pool.board.posted.lock();
+    if posted.copy.as_ref().is_some_and(|c| Arc::ptr_eq(c, &shared)) {
+        posted.copy = None;
+    }
+}
+
+/// Bytes the helpers copied so far in this process.
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) fn helper_bytes() -> u64 {
+    HELPER_BYTES.load(Ordering::Relaxed)
+}
+
+/// How many helpers this process has (0 in a child of `fork()`).
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) fn helper_count() -> usize {
+    pool().map_or(0, |p| p.helpers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_copy_moves_every_byte_at_any_length_and_alignment() {
+        let src = crate::test_support::pattern(0x5C, 9 * PIECE_BYTES + 4099);
+        for (dst_off, src_off, len) in [(0, 0, 2 * PIECE_BYTES), (3, 1, 9 * PIECE_BYTES + 77), (17, 0, 4 * PIECE_BYTES - 1)] {
+            let mut dst = vec![0xAAu8; len + 64];
+            // SAFETY: both ranges are inside their vectors, which outlive the call.
+            unsafe { copy(dst.as_mut_ptr().add(dst_off), src.as_ptr().add(src_off), len) };
+            assert_eq!(&dst[dst_off..dst_off + len], &src[src_off..src_off + len], "{dst_off} {src_off} {len}");
+            assert!(dst[..dst_off].iter().chain(&dst[dst_off + len..]).all(|&b| b == 0xAA), "nothing outside");
+        }
+    }
+
+    #[test]
+    fn helpers_take_pieces_of_large_copies_on_a_machine_with_several_cpus() {
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+            return crate::test_support::skip("one CPU: no copy helpers");
+        }
+        assert!(helper_count() >= 1);
+        let src = crate::test_support::pattern(0x3D, 64 << 20);
+        let mut dst = vec![0u8; src.len()];
+        let before = helper_bytes();
+        // A helper wakes within a few of these copies (each about 5 ms).
+        for _ in 0..20 {
+            // SAFETY: two vectors of the same length.
+            unsafe { copy(dst.as_mut_ptr(), src.as_ptr(), src.len()) };
+            if helper_bytes() > before {
+                break;
+            }
+        }
+        assert!(helper_bytes() > before, "no helper took a piece of 20 copies of 64 MiB");
+        assert!(dst == src);
+    }
+}
