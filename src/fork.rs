@@ -39,6 +39,10 @@
 //!   handle has locks of its own;
 //! * managers made with `PinnedMemoryManager::new()` (tests, tools): not
 //!   process-wide;
+//! * the copy helpers' pool (`host_copy/helpers.rs`: its board, and the
+//!   `STARTING` lock, under which `SEEN` may be taken when a helper cannot
+//!   start): a child never uses its parent's pool (`StartedIn`), and takes
+//!   `STARTING` only with `try_lock`;
 //! * GPUDirect Storage (`gds/`: the driver's state, its registered regions
 //!   and device contexts, the cuFile handle registry, the piece threads'
 //!   pool, the probes): a child cannot use the CUDA its parent initialised
@@ -82,7 +86,7 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::sync::Mutex;
@@ -217,5 +221,17 @@ extern "C" fn after_fork_in_parent() {
 /// futex-based lock is an atomic and at most one futex wake, fine in the
 /// child). The parent's rings, and their tables, are never used here.
 extern "C" fn after_fork_in_child() {
+    FORKS_INTO_THIS_PROCESS.fetch_add(1, Ordering::Relaxed);
     let _ = std::panic::catch_unwind(release);
+}
+
+/// How many forks lie between the first process of this line and this one
+/// (0 in a process not made by `fork()` since the handlers were installed).
+static FORKS_INTO_THIS_PROCESS: AtomicU64 = AtomicU64::new(0);
+
+/// Which fork of its line this process is: with the pid, it tells a
+/// process from a descendant that was given the same pid after the
+/// original exited (`threads::StartedIn`).
+pub(crate) fn fork_generation() -> u64 {
+    FORKS_INTO_THIS_PROCESS.load(Ordering::Relaxed)
 }

@@ -110,18 +110,24 @@ where
 
 /// The process a set of threads was started in (see "Threads and `fork()`"
 /// above): in any other process, a child of `fork()`, they do not exist.
+/// The pid alone would not do: a descendant can be given the pid of an
+/// ancestor that has exited, so the count of forks (`fork.rs`) is part of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StartedIn(u32);
+pub(crate) struct StartedIn {
+    pid: u32,
+    fork_generation: u64,
+}
 
 impl StartedIn {
     /// This process.
     pub(crate) fn here() -> StartedIn {
-        StartedIn(std::process::id())
+        crate::fork::install(); // so that a later fork is counted
+        StartedIn { pid: std::process::id(), fork_generation: crate::fork::fork_generation() }
     }
 
     /// True in the process that started the threads; false in a child.
     pub(crate) fn is_here(self) -> bool {
-        self.0 == std::process::id()
+        self.pid == std::process::id() && self.fork_generation == crate::fork::fork_generation()
     }
 }
 
@@ -137,7 +143,9 @@ mod tests {
         assert_eq!(name(Role::IoWorker, 0), "deepnvme-io-0");
         assert_eq!(name(Role::GdsPiece, 7), "deepnvme-gds-7");
         assert!(StartedIn::here().is_here());
-        assert!(!StartedIn(0).is_here(), "pid 0 is never a user process");
+        assert!(!StartedIn { pid: 0, ..StartedIn::here() }.is_here(), "pid 0 is never a user process");
+        let earlier_generation = StartedIn { fork_generation: StartedIn::here().fork_generation + 1, ..StartedIn::here() };
+        assert!(!earlier_generation.is_here(), "same pid, another fork generation: another process");
     }
 
     #[test]

@@ -105,6 +105,7 @@ fn child_failure(code: i32) -> &'static str {
         18 => "a bounced write left wrong bytes in the file",
         19 => "an async read or its wait() failed",
         20 => "an async read brought back wrong bytes",
+        21 => "the child saw its parent's copy helpers (threads it does not have)",
         101 => "the child panicked",
         _ => "unknown exit code",
     }
@@ -113,6 +114,11 @@ fn child_failure(code: i32) -> &'static str {
 /// The child's work: a new handle, new locked memory, and I/O through the
 /// locked, bounced and async paths, every byte checked. Its exit code.
 fn child_io(dir: &Path, engine: EngineKind, round: u64) -> i32 {
+    // The parent started its copy helpers before any fork: none is here, and
+    // a copy must not be handed to them (host_copy/helpers.rs).
+    if copy_helper_count() != 0 {
+        return 21;
+    }
     let config = HandleConfig {
         engine: Some(engine),
         intra_op_parallelism: 2,
@@ -311,6 +317,10 @@ fn forks_while_other_threads_hold_every_process_wide_lock_never_hang_the_child()
     // Every thread under way before the first fork.
     std::thread::sleep(Duration::from_millis(200));
     let helped_before = copy_helper_bytes();
+    let parent_helpers = copy_helper_count();
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+        assert!(parent_helpers > 0, "the copy helpers were not started by the blocking read's copies");
+    }
     let forks = 40u64;
     let mut rng = Rng::new(7);
     let mut slowest = Duration::ZERO;
@@ -339,7 +349,7 @@ fn forks_while_other_threads_hold_every_process_wide_lock_never_hang_the_child()
     // The blocking read's window copies were shared with the copy helpers
     // while the forks happened (a child copies alone: host_copy/helpers.rs).
     let helped = copy_helper_bytes() - helped_before;
-    if copy_helper_count() > 0 {
+    if parent_helpers > 0 {
         assert!(helped > 0, "no copy helper took a piece of a copy during the forks");
     }
     report(&format!(

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::streaming::copy_streaming;
 use crate::sync::{Condvar, Mutex};
 use crate::threads::{self, Role, StartedIn};
 
@@ -50,18 +51,21 @@ struct SharedCopy {
     pieces: usize,
     next: AtomicUsize,
     done: AtomicUsize,
+    /// Pieces the helpers copied.
+    helped: AtomicUsize,
     all_done: Mutex<bool>,
     all_done_cv: Condvar,
 }
 
 impl SharedCopy {
-    /// Copies pieces until none is left to take; returns the bytes copied.
-    fn take_pieces(&self) -> usize {
-        let mut copied = 0;
+    /// Copies pieces until none is left to take; returns how many it copied.
+    /// `by_helper`: counted as the helpers' (before the piece is counted done).
+    fn take_pieces(&self, by_helper: bool) -> usize {
+        let mut taken = 0;
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.pieces {
-                return copied;
+                return taken;
             }
             let off = i * PIECE_BYTES;
             let n = PIECE_BYTES.min(self.len - off);
@@ -69,8 +73,12 @@ impl SharedCopy {
             // until every piece is done (`copy`'s contract and its wait), and
             // only this thread took it. copy_streaming fences its stores
             // before the count below tells anyone the bytes are there.
-            unsafe { super::copy_streaming((self.dst + off) as *mut u8, (self.src + off) as *const u8, n) };
-            copied += n;
+            unsafe { copy_streaming((self.dst + off) as *mut u8, (self.src + off) as *const u8, n) };
+            taken += 1;
+            if by_helper {
+                HELPER_BYTES.fetch_add(n as u64, Ordering::Relaxed);
+                self.helped.fetch_add(1, Ordering::Relaxed);
+            }
             if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces {
                 *self.all_done.lock() = true;
                 self.all_done_cv.notify_all();
@@ -153,8 +161,7 @@ fn helper_loop(board: &Board) {
                 board.wake.wait(&mut posted);
             }
         };
-        let copied = copy.take_pieces();
-        HELPER_BYTES.fetch_add(copied as u64, Ordering::Relaxed);
+        copy.take_pieces(true);
     }
 }
 
@@ -179,18 +186,20 @@ fn pool() -> Option<&'static Pool> {
 
 /// Copies `len` bytes from `src` to `dst`, sharing pieces with the helpers
 /// when there are at least two pieces and the process has helpers;
-/// otherwise on this thread alone. Returns once every byte is copied.
+/// otherwise on this thread alone. Returns once every byte is copied, with
+/// how many pieces the helpers copied.
 ///
 /// # Safety
 /// As `std::ptr::copy_nonoverlapping`, for the whole call.
-pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
+pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) -> usize {
     let pool = match len >= 2 * PIECE_BYTES {
         true => pool(),
         false => None,
     };
     let Some(pool) = pool else {
         // SAFETY: the function's contract.
-        return unsafe { super::copy_streaming(dst, src, len) };
+        unsafe { copy_streaming(dst, src, len) };
+        return 0;
     };
     let pieces = len.div_ceil(PIECE_BYTES);
     let shared = Arc::new(SharedCopy {
@@ -200,6 +209,7 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
         pieces,
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
+        helped: AtomicUsize::new(0),
         all_done: Mutex::new(false),
         all_done_cv: Condvar::new(),
     });
@@ -211,13 +221,14 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
     for _ in 0..pool.helpers.min(pieces - 1) {
         pool.board.wake.notify_one();
     }
-    shared.take_pieces();
+    shared.take_pieces(false);
     shared.wait_done();
     // Let go of the copy (helpers that wake later find nothing to take).
     let mut posted = pool.board.posted.lock();
     if posted.copy.as_ref().is_some_and(|c| Arc::ptr_eq(c, &shared)) {
         posted.copy = None;
     }
+    shared.helped.load(Ordering::Relaxed)
 }
 
 /// Bytes the helpers copied so far in this process.
@@ -248,24 +259,38 @@ mod tests {
         }
     }
 
+    /// The pool, once no other test thread is starting it (a thread that
+    /// finds it being started copies alone).
+    fn helpers_when_started() -> usize {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let n = helper_count();
+            if n > 0 || Instant::now() > deadline {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     #[test]
     fn helpers_take_pieces_of_large_copies_on_a_machine_with_several_cpus() {
         if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
             return crate::test_support::skip("one CPU: no copy helpers");
         }
-        assert!(helper_count() >= 1);
+        assert!(helpers_when_started() >= 1, "no copy helper started");
         let src = crate::test_support::pattern(0x3D, 64 << 20);
         let mut dst = vec![0u8; src.len()];
-        let before = helper_bytes();
         // A helper wakes within a few of these copies (each about 5 ms).
+        let mut helped = 0;
         for _ in 0..20 {
+            dst.fill(0);
             // SAFETY: two vectors of the same length.
-            unsafe { copy(dst.as_mut_ptr(), src.as_ptr(), src.len()) };
-            if helper_bytes() > before {
+            helped = unsafe { copy(dst.as_mut_ptr(), src.as_ptr(), src.len()) };
+            assert!(dst == src, "a shared copy left wrong bytes");
+            if helped > 0 {
                 break;
             }
         }
-        assert!(helper_bytes() > before, "no helper took a piece of 20 copies of 64 MiB");
-        assert!(dst == src);
+        assert!(helped > 0, "no helper took a piece of 20 copies of 64 MiB");
     }
 }

@@ -14,7 +14,9 @@
 //! each that was already done when it was waited for (down to
 //! [`BOUNCE_WINDOWS_MIN`]), but only while the copier is the one behind:
 //! it spent less than a quarter
-//! ([`BOUNCE_COPY_BOUND_WAIT_SHARE`]) of its recent time waiting. Without
+//! ([`BOUNCE_COPY_BOUND_WAIT_SHARE`]) of its recent time waiting for chunks
+//! that were not done yet (the overhead of taking one that was is not
+//! waiting). Without
 //! that condition a device that completes chunks in bursts (this VM's
 //! virtio disk: one long wait, then several chunks done) drove the limit
 //! down to 3–5 windows while the copier waited most of the time, and
@@ -43,8 +45,9 @@ pub(crate) struct ReadAhead {
     /// The op's first wait says nothing: there was nothing to copy yet.
     first_seen: bool,
     memory: ReadAheadMemory,
-    /// The copier's recent time waiting for chunks and copying them out, in
-    /// ns, each decayed by an eighth per chunk (about the last 8 chunks).
+    /// The copier's recent time waiting for chunks that were not done yet,
+    /// and copying them out, in ns, each decayed by an eighth per chunk
+    /// (about the last 8 chunks).
     recent_wait_ns: u64,
     recent_copy_ns: u64,
 }
@@ -70,7 +73,11 @@ impl ReadAhead {
             return;
         }
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.recent_wait_ns = (self.recent_wait_ns - self.recent_wait_ns / 8).saturating_add(ns(waited));
+        // A chunk that was already done costs the wait's own overhead (tens
+        // of µs): that is not waiting for the device, and with short copies
+        // (copy helpers, many CPUs) it would look like a quarter of the time.
+        let waited_for_device = if waited >= BOUNCE_READY_WAIT { ns(waited) } else { 0 };
+        self.recent_wait_ns = (self.recent_wait_ns - self.recent_wait_ns / 8).saturating_add(waited_for_device);
         self.recent_copy_ns = (self.recent_copy_ns - self.recent_copy_ns / 8).saturating_add(ns(copied));
         let copier_behind = self.recent_wait_ns.saturating_mul(BOUNCE_COPY_BOUND_WAIT_SHARE - 1) < self.recent_copy_ns;
         self.limit = if waited >= BOUNCE_READY_WAIT {
@@ -146,6 +153,20 @@ mod tests {
             }
         }
         assert!(ahead.limit() <= BOUNCE_WINDOWS_MIN + 1, "limit {}", ahead.limit());
+    }
+
+    #[test]
+    fn short_copies_of_chunks_already_done_still_lower_it() {
+        // Copies of 40 µs (helpers on many CPUs), and waits for chunks that
+        // were done that cost 15 µs of overhead each: the copy is behind.
+        let mut ahead = ReadAhead::new(18, ReadAheadMemory::default());
+        for _ in 0..30 {
+            waited(&mut ahead);
+        }
+        for _ in 0..60 {
+            ahead.observe(Duration::from_micros(15), Duration::from_micros(40));
+        }
+        assert_eq!(ahead.limit(), BOUNCE_WINDOWS_MIN);
     }
 
     #[test]
