@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """deepnvme against DeepSpeed's stock async_io op on a tmpfs file, side by side.
 
-    python benches/tmpfs_ratio.py --dir /mnt/tmpfs [--rounds 12] [--size 512M]
+    python benches/tmpfs_ratio.py --dir /mnt/tmpfs [--rounds 12] [--size 512M] [--cell read:2 ...]
 
 Locked tensors, 1 MiB blocks, queue depth 32, 128 MiB ops, write and read at
 intra_op_parallelism 1 and 2: the cells where deepnvme's engine per file
@@ -86,6 +86,8 @@ def main():
     p.add_argument("--dir", required=True, help="a directory on tmpfs")
     p.add_argument("--rounds", type=int, default=12, help="a multiple of 6 keeps the orders balanced")
     p.add_argument("--size", default="512M")
+    p.add_argument("--cell", action="append", default=[], metavar="OP:PAR",
+                   help="only this cell (write:1, read:2, ...); repeatable; default: all four")
     a = p.parse_args()
     size = parse_size(a.size)
     path = os.path.join(os.path.abspath(a.dir), "tmpfs-ratio.dat")
@@ -95,25 +97,28 @@ def main():
                "bare": Bare(128 * MiB)}
     settle = Settle(0.3, [a.dir])
     try:
-        for op in ("write", "read"):
-            for par in (1, 2):
-                gb = {k: [] for k in workers}
-                cpu = {k: [] for k in workers}
-                for r in range(a.rounds):
-                    # The three in rotation, each first and last in turn.
-                    order = list(workers)[r % 3:] + list(workers)[:r % 3]
-                    for k in order if r % 2 == 0 else order[::-1]:
-                        settle()
-                        out = workers[k].run({"op": op, "file": path, "size": size, "op_bytes": 128 * MiB,
-                                              "block_size": MiB, "queue_depth": 32, "parallelism": par,
-                                              "overlap_events": 1, "single_submit": 0, "buffer": "locked"})
-                        gb[k].append(out["gb_per_s"])
-                        cpu[k].append(out["cpu_s_per_gb"])
-                print(f"tmpfs {op} p{par} locked: stock {med(gb['stock']):.2f}, deepnvme {med(gb['deepnvme']):.2f} GB/s; "
-                      f"deepnvme/stock {fmt_ratio(ratio_stats(gb['deepnvme'], gb['stock']))}, "
-                      f"CPU per GB {fmt_ratio(ratio_stats(cpu['deepnvme'], cpu['stock']))}; "
-                      f"bare {med(gb['bare']):.2f} GB/s, deepnvme/bare {fmt_ratio(ratio_stats(gb['deepnvme'], gb['bare']))}, "
-                      f"stock/bare {fmt_ratio(ratio_stats(gb['stock'], gb['bare']))}", flush=True)
+        cells = [(op, par) for op in ("write", "read") for par in (1, 2)]
+        if a.cell:
+            wanted = [(c.split(":")[0], int(c.split(":")[1])) for c in a.cell]
+            cells = [c for c in cells if c in wanted]
+        for op, par in cells:
+            gb = {k: [] for k in workers}
+            cpu = {k: [] for k in workers}
+            for r in range(a.rounds):
+                # The three in rotation, each first and last in turn.
+                order = list(workers)[r % 3:] + list(workers)[:r % 3]
+                for k in order if r % 2 == 0 else order[::-1]:
+                    settle()
+                    out = workers[k].run({"op": op, "file": path, "size": size, "op_bytes": 128 * MiB,
+                                          "block_size": MiB, "queue_depth": 32, "parallelism": par,
+                                          "overlap_events": 1, "single_submit": 0, "buffer": "locked"})
+                    gb[k].append(out["gb_per_s"])
+                    cpu[k].append(out["cpu_s_per_gb"])
+            print(f"tmpfs {op} p{par} locked: stock {med(gb['stock']):.2f}, deepnvme {med(gb['deepnvme']):.2f} GB/s; "
+                  f"deepnvme/stock {fmt_ratio(ratio_stats(gb['deepnvme'], gb['stock']))}, "
+                  f"CPU per GB {fmt_ratio(ratio_stats(cpu['deepnvme'], cpu['stock']))}; "
+                  f"bare {med(gb['bare']):.2f} GB/s, deepnvme/bare {fmt_ratio(ratio_stats(gb['deepnvme'], gb['bare']))}, "
+                  f"stock/bare {fmt_ratio(ratio_stats(gb['stock'], gb['bare']))}", flush=True)
     finally:
         for w in workers.values():
             w.close()
