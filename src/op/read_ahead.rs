@@ -104,6 +104,15 @@ mod tests {
     fn waited(ahead: &mut ReadAhead) {
         ahead.observe(Duration::from_millis(1), COPY);
     }
+    /// A fresh read-ahead of 18 windows after a slow device raised it to all of them.
+    fn raised_to_every_window() -> ReadAhead {
+        let mut ahead = ReadAhead::new(18, ReadAheadMemory::default());
+        for _ in 0..30 {
+            waited(&mut ahead);
+        }
+        assert_eq!(ahead.limit(), 18);
+        ahead
+    }
 
     #[test]
     fn a_copy_that_keeps_finding_its_chunks_done_runs_few_ahead() {
@@ -142,10 +151,7 @@ mod tests {
     #[test]
     fn a_copier_that_waits_now_and_then_still_runs_few_ahead() {
         // A fast device on a busy 2-core machine: a short wait every tenth chunk.
-        let mut ahead = ReadAhead::new(18, ReadAheadMemory::default());
-        for _ in 0..20 {
-            waited(&mut ahead);
-        }
+        let mut ahead = raised_to_every_window();
         for i in 0..200 {
             match i % 10 {
                 0 => ahead.observe(Duration::from_micros(50), COPY),
@@ -159,10 +165,7 @@ mod tests {
     fn short_copies_of_chunks_already_done_still_lower_it() {
         // Copies of 40 µs (helpers on many CPUs), and waits for chunks that
         // were done that cost 15 µs of overhead each: the copy is behind.
-        let mut ahead = ReadAhead::new(18, ReadAheadMemory::default());
-        for _ in 0..30 {
-            waited(&mut ahead);
-        }
+        let mut ahead = raised_to_every_window();
         for _ in 0..60 {
             ahead.observe(Duration::from_micros(15), Duration::from_micros(40));
         }
