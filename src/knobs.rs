@@ -115,6 +115,16 @@ pub const BOUNCE_READY_WAIT: std::time::Duration = std::time::Duration::from_mic
 /// chunks in bursts (a VM's disk) leaves some done early, but the copier
 /// still waits for most of its time, and fewer windows would starve it.
 pub const BOUNCE_COPY_BOUND_WAIT_SHARE: u64 = 4;
+/// One piece of a host copy shared with the copy helpers
+/// (`host_copy/helpers.rs`): large enough that claiming it costs nothing
+/// next to copying it, small enough that a 4 MiB window has eight. Copies
+/// of two pieces or more are shared.
+pub const COPY_PIECE_BYTES: usize = 512 << 10;
+/// At most this many copy helpers (one per CPU beyond the first).
+pub const COPY_HELPERS_MAX: usize = 7;
+/// How long a copying thread spins for a helper's last piece before it
+/// sleeps: about one piece's copy.
+pub const COPY_SPIN_FOR_LAST_PIECE: std::time::Duration = std::time::Duration::from_micros(100);
 /// Seed of the model-based tests' op sequences (tests only; unset: a fixed
 /// seed and one random seed, printed).
 pub const MODEL_SEED_ENV: &str = "DEEPNVME_MODEL_SEED";

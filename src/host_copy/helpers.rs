@@ -22,22 +22,12 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::streaming::copy_streaming;
+use crate::knobs::{COPY_HELPERS_MAX as MAX_HELPERS, COPY_PIECE_BYTES as PIECE_BYTES, COPY_SPIN_FOR_LAST_PIECE as SPIN_FOR_LAST_PIECE};
 use crate::sync::{Condvar, Mutex};
 use crate::threads::{self, Role, StartedIn};
-
-/// One piece of a shared copy: large enough that claiming it costs nothing
-/// next to copying it, small enough that a 4 MiB window has eight.
-pub(crate) const PIECE_BYTES: usize = 512 << 10;
-
-/// At most this many helpers (with the calling thread, the copy's threads).
-const MAX_HELPERS: usize = 7;
-
-/// How long the calling thread spins for a helper's last piece before it
-/// sleeps: about one piece's copy.
-const SPIN_FOR_LAST_PIECE: Duration = Duration::from_micros(100);
 
 /// Bytes the helpers copied, process-wide (tests read it).
 static HELPER_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -262,6 +252,7 @@ mod tests {
     /// The pool, once no other test thread is starting it (a thread that
     /// finds it being started copies alone).
     fn helpers_when_started() -> usize {
+        use std::time::Duration;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let n = helper_count();
