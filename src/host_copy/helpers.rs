@@ -1,7 +1,7 @@
 //! The process's copy helpers: threads kept for the life of the process
 //! that take pieces of a large host copy beside the thread that asked for it.
 //!
-//! A copy is cut into pieces of [`PIECE_BYTES`]. The calling thread posts
+//! A copy is cut into pieces of [`COPY_PIECE_BYTES`]. The calling thread posts
 //! it, wakes idle helpers, and takes pieces itself until none is left; a
 //! helper that wakes in time takes pieces too. So a copy never waits for a
 //! helper to start: a late, busy or missing helper only means the calling
@@ -25,7 +25,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use super::streaming::copy_streaming;
-use crate::knobs::{COPY_HELPERS_MAX as MAX_HELPERS, COPY_PIECE_BYTES as PIECE_BYTES, COPY_SPIN_FOR_LAST_PIECE as SPIN_FOR_LAST_PIECE};
+use crate::knobs::{COPY_HELPERS_MAX, COPY_PIECE_BYTES, COPY_SPIN_FOR_LAST_PIECE};
 use crate::sync::{Condvar, Mutex};
 use crate::threads::{self, Role, StartedIn};
 
@@ -43,7 +43,9 @@ struct SharedCopy {
     done: AtomicUsize,
     /// Pieces the helpers copied.
     helped: AtomicUsize,
-    all_done: Mutex<bool>,
+    /// Taken by the thread that finishes the last piece before it wakes a
+    /// waiter, so a waiter that saw pieces left is asleep by then.
+    all_done: Mutex<()>,
     all_done_cv: Condvar,
 }
 
@@ -57,8 +59,8 @@ impl SharedCopy {
             if i >= self.pieces {
                 return taken;
             }
-            let off = i * PIECE_BYTES;
-            let n = PIECE_BYTES.min(self.len - off);
+            let off = i * COPY_PIECE_BYTES;
+            let n = COPY_PIECE_BYTES.min(self.len - off);
             // SAFETY: piece `i` lies inside both buffers, which stay valid
             // until every piece is done (`copy`'s contract and its wait), and
             // only this thread took it. copy_streaming fences its stores
@@ -70,7 +72,7 @@ impl SharedCopy {
                 self.helped.fetch_add(1, Ordering::Relaxed);
             }
             if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces {
-                *self.all_done.lock() = true;
+                drop(self.all_done.lock());
                 self.all_done_cv.notify_all();
             }
         }
@@ -84,10 +86,10 @@ impl SharedCopy {
     fn wait_done(&self) {
         let spinning = Instant::now();
         while !self.is_done() {
-            if spinning.elapsed() > SPIN_FOR_LAST_PIECE {
-                let mut done = self.all_done.lock();
-                while !*done {
-                    self.all_done_cv.wait(&mut done);
+            if spinning.elapsed() > COPY_SPIN_FOR_LAST_PIECE {
+                let mut held = self.all_done.lock();
+                while !self.is_done() {
+                    self.all_done_cv.wait(&mut held);
                 }
                 return;
             }
@@ -117,12 +119,12 @@ struct Pool {
 
 impl Pool {
     /// Starts one helper per CPU beyond the first (at most
-    /// [`MAX_HELPERS`]); one that cannot be started is one fewer.
+    /// [`COPY_HELPERS_MAX`]); one that cannot be started is one fewer.
     fn start() -> Pool {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let board = Arc::new(Board::default());
         let mut helpers = 0;
-        for index in 0..cpus.saturating_sub(1).min(MAX_HELPERS) {
+        for index in 0..cpus.saturating_sub(1).min(COPY_HELPERS_MAX) {
             let board = board.clone();
             match threads::spawn(Role::Copy, index, move || helper_loop(&board)) {
                 Ok(_) => helpers += 1, // detached: it lives as long as the process
@@ -182,7 +184,7 @@ fn pool() -> Option<&'static Pool> {
 /// # Safety
 /// As `std::ptr::copy_nonoverlapping`, for the whole call.
 pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) -> usize {
-    let pool = match len >= 2 * PIECE_BYTES {
+    let pool = match len >= 2 * COPY_PIECE_BYTES {
         true => pool(),
         false => None,
     };
@@ -191,7 +193,7 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) -> usize {
         unsafe { copy_streaming(dst, src, len) };
         return 0;
     };
-    let pieces = len.div_ceil(PIECE_BYTES);
+    let pieces = len.div_ceil(COPY_PIECE_BYTES);
     let shared = Arc::new(SharedCopy {
         dst: dst as usize,
         src: src as usize,
@@ -200,7 +202,7 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) -> usize {
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         helped: AtomicUsize::new(0),
-        all_done: Mutex::new(false),
+        all_done: Mutex::new(()),
         all_done_cv: Condvar::new(),
     });
     {
@@ -239,8 +241,8 @@ mod tests {
 
     #[test]
     fn a_shared_copy_moves_every_byte_at_any_length_and_alignment() {
-        let src = crate::test_support::pattern(0x5C, 9 * PIECE_BYTES + 4099);
-        for (dst_off, src_off, len) in [(0, 0, 2 * PIECE_BYTES), (3, 1, 9 * PIECE_BYTES + 77), (17, 0, 4 * PIECE_BYTES - 1)] {
+        let src = crate::test_support::pattern(0x5C, 9 * COPY_PIECE_BYTES + 4099);
+        for (dst_off, src_off, len) in [(0, 0, 2 * COPY_PIECE_BYTES), (3, 1, 9 * COPY_PIECE_BYTES + 77), (17, 0, 4 * COPY_PIECE_BYTES - 1)] {
             let mut dst = vec![0xAAu8; len + 64];
             // SAFETY: both ranges are inside their vectors, which outlive the call.
             unsafe { copy(dst.as_mut_ptr().add(dst_off), src.as_ptr().add(src_off), len) };
