@@ -18,6 +18,11 @@ pub enum CliError {
     Usage { msg: String, command: &'static str },
     /// The work itself failed (I/O error, allocation, ...): exit status 1.
     Failed(String),
+    /// The command could not start on what it was given (a file it cannot
+    /// read or parse, a path of the wrong kind): exit status 2, without the
+    /// usage line; already reported on stdout when the command owed a JSON
+    /// document there.
+    NotRun(String),
     /// Ctrl-C: exit status 130 after cleaning up.
     Interrupted,
 }
@@ -32,7 +37,7 @@ impl fmt::Display for CliError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CliError::Usage { msg, .. } => write!(f, "{msg}"),
-            CliError::Failed(msg) => write!(f, "{msg}"),
+            CliError::Failed(msg) | CliError::NotRun(msg) => write!(f, "{msg}"),
             CliError::Interrupted => write!(f, "interrupted"),
         }
     }

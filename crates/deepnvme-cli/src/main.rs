@@ -4,7 +4,7 @@
 //!
 //! This file owns the top-level command (clap), subcommand dispatch and the
 //! exit status: 0 on success, 1 when the work fails, 2 for a bad command
-//! line, 130 after Ctrl-C. What each sibling module owns:
+//! line (or input the command cannot start on), 130 after Ctrl-C. What each sibling module owns:
 //! * `args`: the options `bench` and `tune` share, value parsers (sizes with
 //!   suffixes, counts, switches), sizes for output, [`CliError`];
 //! * `bench`, `tune`, `info`: the subcommands, their options and `--json`;
@@ -84,8 +84,17 @@ fn usage_error(command: &str, msg: &str) -> clap::Error {
 
 fn main() {
     // Help, --version and bad command lines exit here (0 or 2); nothing
-    // has been created yet.
-    let cli = Cli::parse();
+    // has been created yet. `doctor --json` owes stdout a JSON document
+    // even then.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            if e.exit_code() != 0 && doctor::wants_json(std::env::args()) {
+                doctor::print_json_error(e.render().to_string().trim());
+            }
+            e.exit()
+        }
+    };
     // `run` returns only after everything it owns (handle, buffer, temp
     // file) is dropped, so the temp file is gone before the exit.
     let code = match run(cli) {
@@ -97,6 +106,10 @@ fn main() {
         Err(CliError::Failed(msg)) => {
             eprintln!("deepnvme: error: {msg}");
             1
+        }
+        Err(CliError::NotRun(msg)) => {
+            eprintln!("deepnvme: error: {msg}");
+            2
         }
         Err(CliError::Interrupted) => {
             eprintln!("deepnvme: interrupted");

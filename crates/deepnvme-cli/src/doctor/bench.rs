@@ -1,21 +1,26 @@
-//! The `bench` section: a short `deepnvme bench` in the directory with the
-//! config's aio knobs, once per engine that works here (so the psync
-//! fallback's cost is measured, not guessed), then fio on the same file
-//! with the same block size and queue depth when fio is installed, and the
-//! two side by side. `--bench-size` sets the bytes per pass; `--no-bench`
-//! skips the section.
+//! The `bench` section: a short `deepnvme bench` in each folder (once per
+//! file system) with the config's aio knobs, once per engine that works
+//! here (so the psync fallback's cost is measured, not guessed), then fio
+//! on the same file with the same block size and queue depth when fio is
+//! installed, the two side by side; and the GB/s against what is needed: a
+//! stated floor (`--min-gbps`, else 1 GB/s for an NVMe drive) or one
+//! training step's swaps within `--step-time`, naming why a device is slow
+//! (a cgroup limit, a loop device, a network file system, a rotational
+//! disk, an NVMe drive slower than its kind). `--bench-size` sets the bytes
+//! per pass; `--no-bench` skips the section.
 
 use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
+use super::device;
 use super::report::Finding;
-use super::Context;
+use super::{Context, Target};
 use crate::args::{fmt_size, fmt_size_approx};
 use crate::core_api::{self, Direction, EngineKind};
 use crate::progress::{Progress, ProgressMode};
-use crate::runner::{self, BenchFile, BenchBuffer, AioConfig, Pass, GB};
+use crate::runner::{self, AioConfig, BenchBuffer, BenchFile, Pass, GB};
 
 const SECTION: &str = "bench";
 /// Bytes per op: the passes are short, so one op per pass up to this.
@@ -122,7 +127,172 @@ fn fio_engine(uring: bool) -> Option<&'static str> {
     }
 }
 
+/// An NVMe drive's floor: any PCIe 3 drive moves more than this in 1 MiB
+/// transfers, reads and writes.
+const NVME_FLOOR_GBPS: f64 = 1.0;
+
+/// Bytes one training step swaps through `t` on this machine (all its
+/// ranks): reads, writes, and how they were counted. Per parameter: the
+/// parameter swapper reads each twice (forward and backward) and writes it
+/// once (after the step), in the model's dtype; the optimizer swapper reads
+/// and writes 16 B (the fp32 parameter, exp_avg, exp_avg_sq, and the
+/// gradient, written in backward and read in the step).
+fn step_bytes(ctx: &Context, t: &Target) -> Option<(f64, f64, String)> {
+    let cfg = ctx.config.as_ref()?;
+    let n = ctx.model.params? / ctx.model.nodes.max(1);
+    let (mut read, mut write, mut how) = (0u64, 0u64, Vec::new());
+    for o in cfg.offloads().filter(|o| o.nvme_path.as_deref() == Some(t.path.as_path())) {
+        if o.block.ends_with("offload_param") {
+            let e = cfg.model_dtype_bytes;
+            read += 2 * n * e;
+            write += n * e;
+            how.push(format!("parameters: read 2 x {n} x {e} B, write {n} x {e} B"));
+        } else {
+            read += 16 * n;
+            write += 16 * n;
+            how.push(format!("optimizer: read and write {n} x 16 B"));
+        }
+    }
+    (read + write > 0).then(|| (read as f64, write as f64, how.join("; ")))
+}
+
+/// The GB/s measured against the floor and the job's needs, with the causes
+/// of a slow device.
+fn speed(ctx: &Context, t: &Target, write: f64, read: f64) -> Finding {
+    let facts = device::facts(&t.probe_dir);
+    let mount = super::filesystem::mount_of(&t.probe_dir);
+    let fstype = mount.as_ref().map(|m| m.fstype.clone()).unwrap_or_default();
+    let summary = format!("write {write:.3} GB/s, read {read:.3} GB/s");
+    let floor = match (ctx.min_gbps, facts.kind) {
+        (Some(g), _) => Some((g, "--min-gbps".to_string())),
+        (None, Some("nvme")) => {
+            Some((NVME_FLOOR_GBPS, "an NVMe drive's floor (any PCIe 3 drive moves more in 1 MiB transfers)".into()))
+        }
+        _ => None,
+    };
+    let needs = ctx.step_time.zip(step_bytes(ctx, t)).map(|(budget, (r, w, how))| {
+        let secs = r / (read * 1e9) + w / (write * 1e9);
+        (budget, secs, how)
+    });
+    let mut short = Vec::new();
+    if let Some((g, what)) = &floor {
+        if write < *g || read < *g {
+            short.push(format!("under {g} GB/s ({what})"));
+        }
+    }
+    if let Some((budget, secs, how)) = &needs {
+        if secs > budget {
+            short.push(format!(
+                "one training step's swaps take {secs:.1} s at these speeds, over the --step-time budget of {budget} s \
+                 ({how}; on {} rank(s))",
+                ctx.model.world_size
+            ));
+        }
+    }
+    let compared = floor.is_some() || needs.is_some();
+    if !compared {
+        let why = if ctx.step_time.is_some() {
+            "--step-time needs --model-params and a config swapping to this folder"
+        } else {
+            "no floor for this kind of device"
+        };
+        return Finding::skip(SECTION, "speed", format!("{summary}: not compared"))
+            .why(why)
+            .fix("pass --min-gbps G (the GB/s the job needs), or --step-time S with --model-params N");
+    }
+    if short.is_empty() {
+        let against = [
+            floor.map(|(g, w)| format!("at least {g} GB/s ({w})")),
+            needs.map(|(b, s, _)| format!("a step's swaps take {s:.1} s of the {b} s budget")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("; ");
+        return Finding::ok(SECTION, "speed", summary).why(against);
+    }
+    // Why it is slow, and what to do about each cause.
+    let mut causes = Vec::new();
+    let mut fixes = Vec::new();
+    for l in &facts.limits {
+        causes.push(format!(
+            "a cgroup limits this process on {}: {} ({})",
+            l.device,
+            device::fmt_limit(l),
+            l.file.display()
+        ));
+        fixes.push(format!("lift the cgroup limit ({})", l.lift()));
+    }
+    match facts.kind {
+        Some("loop") => {
+            causes
+                .push(format!("{} is a loop device: the speed of the file system under its backing file", facts.name));
+            fixes.push("put nvme_path on the drive's own file system, not a loop device".into());
+        }
+        Some("nvme") if facts.limits.is_empty() => {
+            causes.push(format!(
+                "{} is an NVMe drive slower than its kind: worn or nearly full, thermally throttled, or on a narrow \
+                 PCIe link",
+                facts.name
+            ));
+            fixes.push(format!(
+                "check the link (lspci -vv: LnkSta against LnkCap), nvme smart-log /dev/{} (temperature, \
+                 percentage_used), and its free space",
+                facts.name
+            ));
+        }
+        Some("virtio") => causes.push(format!("{} is a virtual disk: the host's storage sets its speed", facts.name)),
+        Some("memory") => causes.push("zram: compressed RAM".into()),
+        _ => {}
+    }
+    if facts.rotational {
+        causes.push(format!("{} is a rotational disk", facts.name));
+        fixes.push("put nvme_path on an NVMe drive".into());
+    }
+    if fstype.starts_with("nfs")
+        || fstype.starts_with("fuse")
+        || ["cifs", "smb3", "9p", "virtiofs", "ceph", "glusterfs"].contains(&fstype.as_str())
+    {
+        causes.push(format!("{fstype} is a network or FUSE file system"));
+        fixes.push("put nvme_path on a local NVMe file system".into());
+    }
+    if causes.is_empty() {
+        causes.push("no cause found in the device, the file system or cgroup limits".into());
+    }
+    if fixes.is_empty() {
+        fixes.push("see the device section; deepnvme tune finds the best aio knobs".into());
+    }
+    if needs.as_ref().is_some_and(|(b, s, _)| s > b) {
+        fixes.push("or budget a longer step, or swap less (more memory, a smaller model per node)".into());
+    }
+    Finding::warn(SECTION, "speed", format!("{summary}: {}", short.join("; ")))
+        .why(format!("slow because: {}", causes.join("; ")))
+        .fix(fixes.join("; "))
+}
+
 pub fn check(ctx: &Context) -> Vec<Finding> {
+    // Once per file system: folders on one share its speed.
+    let mut measured_on: Vec<(u64, &Target)> = Vec::new();
+    let mut out = Vec::new();
+    for t in &ctx.targets {
+        let dev = t.dev();
+        if let Some((_, first)) = measured_on.iter().find(|(d, _)| Some(*d) == dev) {
+            out.push(t.stamp(Finding::ok(
+                SECTION,
+                "deepnvme",
+                format!("the file system of {}: measured there", first.path.display()),
+            )));
+            continue;
+        }
+        if let Some(d) = dev {
+            measured_on.push((d, t));
+        }
+        out.extend(check_target(ctx, t).into_iter().map(|f| t.stamp(f)));
+    }
+    out
+}
+
+pub fn check_target(ctx: &Context, t: &Target) -> Vec<Finding> {
     let aio = ctx.aio();
     let knobs = AioConfig {
         block_size: aio.block_size,
@@ -141,7 +311,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
     if let Err(m) = knobs.check(None).and_then(|()| runner::check_split(size, size.min(MAX_OP), knobs.parallelism)) {
         return not_run(format!("the aio knobs cannot run: {m}"));
     }
-    if let Some((free, _)) = super::filesystem::space(&ctx.probe_dir) {
+    if let Some((free, _)) = super::filesystem::space(&t.probe_dir) {
         if free < size {
             return not_run(format!(
                 "{} free, fewer than the {} pass (see free space)",
@@ -150,7 +320,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
             ));
         }
     }
-    let file = match BenchFile::open(None, Some(&ctx.probe_dir), false, "doctor") {
+    let file = match BenchFile::open(None, Some(&t.probe_dir), false, "doctor") {
         Ok(f) => f,
         Err(e) => return not_run(e.to_string()),
     };
@@ -176,12 +346,14 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
         }
     }
     let locked = if buffer.locked() { "a locked buffer" } else { "an unlocked buffer (RLIMIT_MEMLOCK)" };
-    let what = format!("{} per pass in {}, {knobs_line}, {locked}", fmt_size(size), ctx.probe_dir.display());
+    let what = format!("{} per pass in {}, {knobs_line}, {locked}", fmt_size(size), t.probe_dir.display());
     if !measured.is_empty() {
         out.push(
             Finding::ok(SECTION, "deepnvme", measured.iter().map(line).collect::<Vec<_>>().join("; "))
                 .why(format!("{what}; 1 GB = 10^9 B")),
         );
+        let best = |f: fn(&Measured) -> f64| measured.iter().map(f).fold(0.0, f64::max);
+        out.push(speed(ctx, t, best(|m| m.write.gb_per_s()), best(|m| m.read.gb_per_s())));
     }
     if let [u, p] = &measured[..] {
         let r = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
@@ -202,7 +374,9 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
     let has_fio = Command::new("fio").arg("--version").output().is_ok_and(|o| o.status.success());
     if !has_fio {
         out.push(
-            Finding::ok(SECTION, "fio", "not installed: no comparison").why("apt-get install -y fio (or dnf) adds one"),
+            Finding::skip(SECTION, "fio", "not compared: fio is not installed")
+                .why("deepnvme's GB/s could not be set beside fio's on the same file")
+                .fix("apt-get install -y fio (or dnf install fio) to compare"),
         );
     } else if let (Some(engine), Some(best)) = (fio_engine(uring), measured.first()) {
         match (fio(file.path(), size, ctx, engine, "write"), fio(file.path(), size, ctx, engine, "read")) {
@@ -223,7 +397,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
                 out.push(if slow {
                     Finding::warn(SECTION, "fio", summary).why(format!("{why}: well under fio")).fix(format!(
                         "sweep the knobs: deepnvme tune --dir {} (and use the aio block it prints)",
-                        ctx.probe_dir.display()
+                        t.probe_dir.display()
                     ))
                 } else {
                     Finding::ok(SECTION, "fio", summary).why(why)

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::ds_rules;
 use crate::args::fmt_size_approx;
 
 /// `deepspeed/runtime/swap_tensor/constants.py`: the `aio` block's defaults
@@ -32,8 +33,13 @@ pub const PARAM_BUFFER_COUNT_DEFAULT: u64 = 5;
 pub const PARAM_BUFFER_SIZE_DEFAULT: u64 = 100_000_000;
 pub const OPTIMIZER_BUFFER_COUNT_DEFAULT: u64 = 4;
 
-/// `deepspeed/runtime/zero/config.py`: `sub_group_size` (1e9 elements).
+/// `offload_param.max_in_cpu` (1e9 elements).
+pub const MAX_IN_CPU_DEFAULT: u64 = 1_000_000_000;
+
+/// `deepspeed/runtime/zero/config.py`: `sub_group_size` and
+/// `stage3_max_reuse_distance` (1e9 elements each).
 pub const SUB_GROUP_SIZE_DEFAULT: u64 = 1_000_000_000;
+pub const MAX_REUSE_DISTANCE_DEFAULT: u64 = 1_000_000_000;
 
 /// The `aio` block, with DeepSpeed's defaults for what it leaves out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,23 +65,45 @@ impl Default for Aio {
     }
 }
 
-/// One `offload_param` / `offload_optimizer` block with `device: nvme`.
+/// One `offload_param` / `offload_optimizer` block with `device: nvme`
+/// (read as DeepSpeed reads it; a value DeepSpeed would refuse counts as its
+/// default here, and the `config` section reports it).
 #[derive(Clone, Debug, PartialEq)]
 pub struct NvmeOffload {
+    /// `zero_optimization.offload_param` or `zero_optimization.offload_optimizer`.
+    pub block: &'static str,
+    /// As DeepSpeed's `Optional[Path]` takes it: `""` is `.`.
     pub nvme_path: Option<PathBuf>,
     pub buffer_count: u64,
     /// Elements per buffer (`offload_param` only).
     pub buffer_size: u64,
     pub pin_memory: bool,
-    /// `pipeline_read` or `pipeline_write` (`offload_optimizer` only): the
-    /// pipelined swapper, with a second handle.
-    pub pipeline: bool,
+    /// `offload_param.max_in_cpu`: parameter elements kept in CPU memory.
+    pub max_in_cpu: u64,
+    /// `pipeline_read` / `pipeline_write` (`offload_optimizer` only): the
+    /// pipelined swapper, with a second handle and overlapping sub-groups.
+    pub pipeline_read: bool,
+    pub pipeline_write: bool,
+    /// `offload_optimizer.fast_init`.
+    pub fast_init: bool,
+}
+
+impl NvmeOffload {
+    pub fn pipeline(&self) -> bool {
+        self.pipeline_read || self.pipeline_write
+    }
+    /// `zero_optimization.offload_param.nvme_path`.
+    pub fn path_key(&self) -> String {
+        format!("{}.nvme_path", self.block)
+    }
 }
 
 /// What the doctor needs of a DeepSpeed config.
 #[derive(Clone, Debug)]
 pub struct DsConfig {
     pub path: PathBuf,
+    /// The whole config, for the validation.
+    pub raw: Value,
     pub stage: Option<u64>,
     pub aio: Aio,
     /// Whether the config has an `aio` block at all.
@@ -87,16 +115,35 @@ pub struct DsConfig {
     pub model_dtype_bytes: u64,
     pub model_dtype: &'static str,
     pub sub_group_size: u64,
+    /// `stage3_max_reuse_distance` (elements).
+    pub max_reuse_distance: u64,
     pub optimizer_type: Option<String>,
-    /// Things in the config DeepSpeed will not do as written.
+    /// `checkpoint.writer.type` upper-cased, when given (`FAST` writes
+    /// checkpoints through aio: FastPersist).
+    pub checkpoint_writer: Option<String>,
+    /// Things DeepSpeed accepts but does not do as written (ignored keys,
+    /// NVMe offload below stage 3).
     pub notes: Vec<String>,
 }
 
-/// The model's size, when the user gives it (`--model-params`, `--world-size`).
+/// The model's size, as far as the user gives it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Model {
-    pub params: u64,
+    /// `--model-params`: all parameters.
+    pub params: Option<u64>,
+    /// `--largest-param`: elements of the largest single parameter.
+    pub largest: Option<u64>,
+    /// `--world-size`: data-parallel ranks on this machine.
     pub world_size: u64,
+    /// `--nodes`: machines with `world_size` ranks each.
+    pub nodes: u64,
+}
+
+impl Model {
+    /// Ranks the parameters are partitioned over (ZeRO-3's data-parallel group).
+    pub fn dp(&self) -> u64 {
+        (self.world_size * self.nodes).max(1)
+    }
 }
 
 /// One buffer (or file set) the estimate adds up.
@@ -137,49 +184,27 @@ impl Estimate {
     }
 }
 
-/// A number DeepSpeed accepts: an integer, or a float with no fraction
-/// (configs write `1e8`). `"auto"` (the HF Trainer's placeholder) is `None`.
-fn whole(v: &Value) -> Option<u64> {
-    match v {
-        Value::Number(n) => {
-            n.as_u64().or_else(|| n.as_f64().filter(|f| *f >= 0.0 && f.fract() == 0.0).map(|f| f as u64))
-        }
-        Value::String(s) => s.trim().parse::<f64>().ok().filter(|f| *f >= 0.0 && f.fract() == 0.0).map(|f| f as u64),
-        _ => None,
-    }
+/// `obj[key]` as DeepSpeed's model reads it: absent, `"auto"` or refused
+/// gives the default (a refused value is the `config` section's finding).
+fn int_field(obj: &Value, key: &str, default: u64) -> u64 {
+    obj.get(key)
+        .filter(|v| !ds_rules::is_auto(v))
+        .and_then(|v| ds_rules::lax_int(v).ok())
+        .and_then(|i| u64::try_from(i).ok())
+        .unwrap_or(default)
 }
 
-fn flag(v: &Value) -> Option<bool> {
-    match v {
-        Value::Bool(b) => Some(*b),
-        Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
-            "true" => Some(true),
-            "false" => Some(false),
-            _ => None,
-        },
-        _ => None,
-    }
+fn bool_field(obj: &Value, key: &str, default: bool) -> bool {
+    obj.get(key).filter(|v| !ds_rules::is_auto(v)).and_then(|v| ds_rules::lax_bool(v).ok()).unwrap_or(default)
 }
 
-/// `obj[key]` as a number, `default` when absent; a value that is present
-/// but not a number is noted and replaced by the default.
-fn number(obj: &Value, key: &str, default: u64, where_: &str, notes: &mut Vec<String>) -> u64 {
-    match obj.get(key) {
-        None | Some(Value::Null) => default,
-        Some(v) => whole(v).unwrap_or_else(|| {
-            notes.push(format!("{where_}.{key} = {v} is not a whole number; DeepSpeed's default {default} assumed"));
-            default
-        }),
-    }
-}
-
-fn boolean(obj: &Value, key: &str, default: bool, where_: &str, notes: &mut Vec<String>) -> bool {
-    match obj.get(key) {
-        None | Some(Value::Null) => default,
-        Some(v) => flag(v).unwrap_or_else(|| {
-            notes.push(format!("{where_}.{key} = {v} is not true or false; DeepSpeed's default {default} assumed"));
-            default
-        }),
+/// A stage-3 key that also has a `stage3_` alias.
+fn aliased_int(zero: &Value, name: &str, default: u64) -> u64 {
+    let alias = format!("stage3_{name}");
+    if zero.get(&alias).is_some() {
+        int_field(zero, &alias, default)
+    } else {
+        int_field(zero, name, default)
     }
 }
 
@@ -197,64 +222,85 @@ impl DsConfig {
     pub fn from_value(path: &Path, v: &Value) -> DsConfig {
         let mut notes = Vec::new();
         let null = Value::Null;
-        let zero = v.get("zero_optimization").unwrap_or(&null);
-        let stage = zero.get("stage").and_then(whole);
+        let zero = v.get("zero_optimization").filter(|z| z.is_object()).unwrap_or(&null);
+        let stage = zero
+            .get("stage")
+            .filter(|s| !ds_rules::is_auto(s))
+            .map_or(Some(0), |s| ds_rules::lax_int(s).ok().and_then(|i| u64::try_from(i).ok()));
 
+        // get_aio_config reads the block raw; aio_handle converts the values
+        // (pybind11), so a value it refuses counts as the default here.
         let aio_block = v.get("aio").filter(|a| a.is_object());
         let mut aio = Aio::default();
         if let Some(a) = aio_block {
+            let int = |key: &str, default: usize| {
+                a.get(key).and_then(|x| ds_rules::aio_value(key, x).ok()).map_or(default, |i| i.max(0) as usize)
+            };
+            let flag = |key: &str, default: bool| {
+                a.get(key).and_then(|x| ds_rules::aio_value(key, x).ok()).map_or(default, |i| i != 0)
+            };
             let d = Aio::default();
-            aio.block_size = number(a, "block_size", d.block_size as u64, "aio", &mut notes) as usize;
-            aio.queue_depth = number(a, "queue_depth", d.queue_depth as u64, "aio", &mut notes) as usize;
+            aio.block_size = int("block_size", d.block_size);
+            aio.queue_depth = int("queue_depth", d.queue_depth);
+            aio.intra_op_parallelism = int("intra_op_parallelism", d.intra_op_parallelism);
+            aio.single_submit = flag("single_submit", d.single_submit);
+            aio.overlap_events = flag("overlap_events", d.overlap_events);
+            aio.use_gds = flag("use_gds", false);
             // aio_config.py reads only "intra_op_parallelism"; "thread_count"
             // is the name older DeepSpeed releases used.
             if a.get("thread_count").is_some() && a.get("intra_op_parallelism").is_none() {
                 notes.push(
-                    "aio.thread_count is ignored by DeepSpeed 0.19.8 (it reads aio.intra_op_parallelism); \
-                     rename it"
+                    "aio.thread_count is ignored by DeepSpeed 0.19.8 (it reads aio.intra_op_parallelism, so it \
+                     uses 1 worker); rename it"
                         .into(),
                 );
             }
-            aio.intra_op_parallelism =
-                number(a, "intra_op_parallelism", d.intra_op_parallelism as u64, "aio", &mut notes) as usize;
-            aio.single_submit = boolean(a, "single_submit", d.single_submit, "aio", &mut notes);
-            aio.overlap_events = boolean(a, "overlap_events", d.overlap_events, "aio", &mut notes);
-            aio.use_gds = boolean(a, "use_gds", false, "aio", &mut notes);
         }
 
-        let offload = |key: &str, count_default: u64, notes: &mut Vec<String>| -> Option<NvmeOffload> {
-            let o = zero.get(key)?;
+        let offload = |key: &'static str, count_default: u64| -> Option<NvmeOffload> {
+            let o = zero.get(key).filter(|o| o.is_object())?;
+            // "NVMe" or "nvme " is refused (the config section says so);
+            // the folder it names is still the one to check.
             let device = o.get("device").and_then(Value::as_str).unwrap_or("none");
-            if !device.eq_ignore_ascii_case("nvme") {
+            if !device.trim().eq_ignore_ascii_case("nvme") {
                 return None;
             }
-            let where_ = format!("zero_optimization.{key}");
             Some(NvmeOffload {
-                nvme_path: o.get("nvme_path").and_then(Value::as_str).map(PathBuf::from),
-                buffer_count: number(o, "buffer_count", count_default, &where_, notes),
-                buffer_size: number(o, "buffer_size", PARAM_BUFFER_SIZE_DEFAULT, &where_, notes),
-                pin_memory: boolean(o, "pin_memory", true, &where_, notes),
-                pipeline: boolean(o, "pipeline_read", false, &where_, notes)
-                    || boolean(o, "pipeline_write", false, &where_, notes),
+                block: if key == "offload_param" {
+                    "zero_optimization.offload_param"
+                } else {
+                    "zero_optimization.offload_optimizer"
+                },
+                nvme_path: o
+                    .get("nvme_path")
+                    .and_then(Value::as_str)
+                    .filter(|p| *p != "auto")
+                    .map(|p| PathBuf::from(if p.is_empty() { "." } else { p })),
+                buffer_count: int_field(o, "buffer_count", count_default),
+                buffer_size: int_field(o, "buffer_size", PARAM_BUFFER_SIZE_DEFAULT),
+                pin_memory: bool_field(o, "pin_memory", true),
+                max_in_cpu: int_field(o, "max_in_cpu", MAX_IN_CPU_DEFAULT),
+                pipeline_read: bool_field(o, "pipeline_read", false),
+                pipeline_write: bool_field(o, "pipeline_write", false),
+                fast_init: bool_field(o, "fast_init", false),
             })
         };
-        let param = offload("offload_param", PARAM_BUFFER_COUNT_DEFAULT, &mut notes);
-        let optimizer = offload("offload_optimizer", OPTIMIZER_BUFFER_COUNT_DEFAULT, &mut notes);
-        if (param.is_some() || optimizer.is_some()) && stage.is_some_and(|s| s != 3) {
+        let param = offload("offload_param", PARAM_BUFFER_COUNT_DEFAULT);
+        let optimizer = offload("offload_optimizer", OPTIMIZER_BUFFER_COUNT_DEFAULT);
+        if let Some(s) = stage.filter(|s| *s != 3) {
             // stage_1_and_2.py has no NVMe swapper: device "nvme" there
-            // only selects the CPU optimizer (engine.zero_use_cpu_optimizer).
-            notes.push(format!(
-                "zero_optimization.stage is {}: DeepSpeed swaps to NVMe only with ZeRO stage 3",
-                stage.unwrap_or(0)
-            ));
-        }
-        for (name, o) in [("offload_param", &param), ("offload_optimizer", &optimizer)] {
-            if o.as_ref().is_some_and(|o| o.nvme_path.is_none()) {
-                notes.push(format!("zero_optimization.{name} has device nvme but no nvme_path; DeepSpeed fails"));
+            // only selects the CPU optimizer (engine.zero_use_cpu_optimizer);
+            // offload_param is read by zero.Init, stage 3's only.
+            if param.is_some() || optimizer.is_some() {
+                notes.push(format!(
+                    "zero_optimization.stage is {s}: DeepSpeed swaps to NVMe only with ZeRO stage 3 (below it \
+                     offload_optimizer \"nvme\" keeps the optimizer state in CPU memory, and offload_param is \
+                     ignored)"
+                ));
             }
         }
 
-        let enabled = |k: &str| v.get(k).and_then(|b| b.get("enabled")).and_then(flag).unwrap_or(false);
+        let enabled = |k: &str| v.get(k).and_then(|b| b.get("enabled")).is_some_and(ds_rules::truthy);
         let (model_dtype_bytes, model_dtype) = if enabled("bf16") {
             (2, "bf16")
         } else if enabled("fp16") {
@@ -262,10 +308,15 @@ impl DsConfig {
         } else {
             (4, "fp32")
         };
-        let sub_group_size = number(zero, "sub_group_size", SUB_GROUP_SIZE_DEFAULT, "zero_optimization", &mut notes);
         let optimizer_type = v.get("optimizer").and_then(|o| o.get("type")).and_then(Value::as_str).map(str::to_string);
+        let checkpoint_writer = v
+            .get("checkpoint")
+            .and_then(|c| c.get("writer"))
+            .filter(|w| w.is_object())
+            .map(|w| w.get("type").and_then(Value::as_str).unwrap_or("fast").to_ascii_uppercase());
         DsConfig {
             path: path.to_path_buf(),
+            raw: v.clone(),
             stage,
             aio,
             aio_given: aio_block.is_some(),
@@ -273,16 +324,31 @@ impl DsConfig {
             optimizer,
             model_dtype_bytes,
             model_dtype,
-            sub_group_size,
+            sub_group_size: int_field(zero, "sub_group_size", SUB_GROUP_SIZE_DEFAULT),
+            max_reuse_distance: aliased_int(zero, "max_reuse_distance", MAX_REUSE_DISTANCE_DEFAULT),
             optimizer_type,
+            checkpoint_writer,
             notes,
         }
     }
 
-    /// The directory the swap files go to: `offload_param`'s `nvme_path`,
-    /// else `offload_optimizer`'s.
-    pub fn nvme_path(&self) -> Option<&Path> {
-        [&self.param, &self.optimizer].into_iter().flatten().find_map(|o| o.nvme_path.as_deref())
+    /// The NVMe offload blocks, parameters first.
+    pub fn offloads(&self) -> impl Iterator<Item = &NvmeOffload> {
+        [&self.param, &self.optimizer].into_iter().flatten()
+    }
+
+    /// Every folder the config gives DeepSpeed's I/O, with the keys that
+    /// give it (one folder may serve both blocks).
+    pub fn paths(&self) -> Vec<(PathBuf, Vec<String>)> {
+        let mut out: Vec<(PathBuf, Vec<String>)> = Vec::new();
+        for o in self.offloads() {
+            let Some(p) = &o.nvme_path else { continue };
+            match out.iter_mut().find(|(q, _)| q == p) {
+                Some((_, keys)) => keys.push(o.path_key()),
+                None => out.push((p.clone(), vec![o.path_key()])),
+            }
+        }
+        out
     }
 
     /// Whether anything is swapped to NVMe.
@@ -304,9 +370,9 @@ impl DsConfig {
     /// reaches `sub_group_size` (the last parameter may overshoot it), and
     /// sizes the optimizer's buffers by the largest. Without the model only
     /// `sub_group_size` bounds it.
-    fn largest_sub_group(&self, model: Option<Model>) -> (u64, bool) {
-        match model {
-            Some(m) => (self.sub_group_size.min(m.params.div_ceil(m.world_size.max(1))), true),
+    pub fn largest_sub_group(&self, model: &Model) -> (u64, bool) {
+        match model.params {
+            Some(n) => (self.sub_group_size.min(n.div_ceil(model.dp())), true),
             None => (self.sub_group_size, false),
         }
     }
@@ -328,7 +394,7 @@ impl DsConfig {
     /// `pin_memory` flag does not change these: the NVMe swappers lock their
     /// buffers whatever it says (it governs CPU offload's pinned tensors,
     /// which CUDA pins outside RLIMIT_MEMLOCK).
-    pub fn locked(&self, model: Option<Model>, page: u64) -> Estimate {
+    pub fn locked(&self, model: &Model, page: u64) -> Estimate {
         let round = |b: u64| b.div_ceil(page) * page;
         let mut parts = Vec::new();
         let e = self.model_dtype_bytes;
@@ -345,13 +411,13 @@ impl DsConfig {
                 });
             }
             // It holds the sub-group's parameters at full size (`ds_numel`),
-            // so about world_size times the rank's share of the sub-group.
-            let full = match model {
-                Some(m) => m.params.min(sub_group.saturating_mul(m.world_size.max(1))),
+            // so about the data-parallel size times the rank's share.
+            let full = match model.params {
+                Some(n) => n.min(sub_group.saturating_mul(model.dp())),
                 None => sub_group,
             };
             let n = self.aligned_numel(full, e);
-            let bound = if known { "estimate" } else { "bound: sub_group_size, times the world size" };
+            let bound = if known { "estimate" } else { "bound: sub_group_size, times the data-parallel size" };
             parts.push(Part {
                 what: "parameter swap-out buffer".into(),
                 bytes: round(n * e),
@@ -371,37 +437,41 @@ impl DsConfig {
         Estimate { parts }
     }
 
-    /// Bytes the swap files take on `nvme_path`, for all `world_size` ranks
-    /// (one machine assumed): the model's parameters in its dtype
-    /// (`offload_param`), and for `offload_optimizer` 16 B per parameter,
-    /// Adam's four fp32 tensors per parameter (parameter, gradient,
-    /// momentum, variance: DeepSpeed's own count, in `offload_config.py`'s
-    /// `buffer_count` documentation). Only known with `--model-params`.
-    pub fn swap_files(&self, model: Model) -> Estimate {
+    /// Bytes the swap files take on this machine's `nvme_path`s, for its
+    /// `world_size` ranks (each holds its 1/dp share): the parameters in the
+    /// model's dtype (`offload_param`), and for `offload_optimizer` 16 B per
+    /// parameter, Adam's four fp32 tensors per parameter (parameter,
+    /// gradient, momentum, variance: DeepSpeed's own count, in
+    /// `offload_config.py`'s `buffer_count` documentation). `None` without
+    /// `--model-params`. `which` picks one block's files.
+    pub fn swap_files(&self, model: &Model, which: Option<&str>) -> Option<Estimate> {
+        let params = model.params?;
+        let here = params / model.nodes.max(1);
+        let wanted = |block: &str| which.is_none_or(|w| w == block);
         let mut parts = Vec::new();
-        if self.param.is_some() {
+        if let Some(p) = self.param.as_ref().filter(|p| wanted(p.block)) {
             let e = self.model_dtype_bytes;
             parts.push(Part {
                 what: "parameter swap files".into(),
-                bytes: model.params * e,
+                bytes: here * e,
                 exact: false,
-                formula: format!("({} parameters x {e} B {})", model.params, self.model_dtype),
+                formula: format!("({here} parameters on this machine x {e} B {})", self.model_dtype),
             });
+            let _ = p;
         }
-        if self.optimizer.is_some() {
+        if self.optimizer.as_ref().is_some_and(|o| wanted(o.block)) {
             let adam = self.optimizer_type.as_deref().is_none_or(|t| t.to_ascii_lowercase().contains("adam"));
             parts.push(Part {
                 what: "optimizer swap files".into(),
-                bytes: model.params * 16,
+                bytes: here * 16,
                 exact: false,
                 formula: format!(
-                    "({} parameters x 4 fp32 tensors x 4 B{})",
-                    model.params,
+                    "({here} parameters on this machine x 4 fp32 tensors x 4 B{})",
                     if adam { "" } else { "; Adam's count, assumed for this optimizer" }
                 ),
             });
         }
-        Estimate { parts }
+        Some(Estimate { parts })
     }
 
     /// Requests in flight on the device at once, per handle worker and in
@@ -411,7 +481,7 @@ impl DsConfig {
     pub fn handles(&self) -> usize {
         let param = if self.param.is_some() { 2 } else { 0 };
         let optimizer = match &self.optimizer {
-            Some(o) if o.pipeline => 2,
+            Some(o) if o.pipeline() => 2,
             Some(_) => 1,
             None => 0,
         };
@@ -438,7 +508,7 @@ mod tests {
         let p = c.param.as_ref().unwrap();
         assert_eq!((p.buffer_count, p.buffer_size, p.pin_memory), (5, 100_000_000, true));
         assert!(c.optimizer.is_none());
-        assert_eq!(c.nvme_path(), Some(Path::new("/nvme")));
+        assert_eq!(c.paths(), vec![(PathBuf::from("/nvme"), vec!["zero_optimization.offload_param.nvme_path".into()])]);
         assert_eq!((c.model_dtype_bytes, c.sub_group_size), (4, 1_000_000_000));
         assert!(c.notes.is_empty(), "{:?}", c.notes);
     }
@@ -455,7 +525,8 @@ mod tests {
         assert_eq!(c.model_dtype_bytes, 2);
         // 2048-byte alignment: 1024 bf16 elements; 1e6 rounds up to 1000448.
         assert_eq!(c.aligned_numel(1_000_000, 2), 1_000_448);
-        let l = c.locked(None, 4096);
+        let none = Model { params: None, largest: None, world_size: 1, nodes: 1 };
+        let l = c.locked(&none, 4096);
         assert_eq!(l.parts.len(), 3);
         assert_eq!(l.parts[0].bytes, (3 * 1_000_448 * 2u64).div_ceil(4096) * 4096);
         assert!(l.parts[0].exact && !l.parts[1].exact && !l.parts[2].exact);
@@ -463,8 +534,8 @@ mod tests {
         assert_eq!(l.parts[2].bytes, 4 * (1_000_448u64 * 4).div_ceil(4096) * 4096);
         assert_eq!(l.exact(), l.parts[0].bytes);
         // A small model bounds the sub-group below sub_group_size.
-        let m = Model { params: 10_000, world_size: 2 };
-        let small = c.locked(Some(m), 4096);
+        let m = Model { params: Some(10_000), largest: None, world_size: 2, nodes: 1 };
+        let small = c.locked(&m, 4096);
         // The rank's partition is 5000 elements, padded to 5120 fp32: 20 KiB each.
         assert_eq!(small.parts[2].bytes, 4 * 20480);
         // The swap-out buffer holds the whole model here (10000 < 2 x 1e6), padded to 10240 bf16.
@@ -473,7 +544,7 @@ mod tests {
         // GDS puts the parameter buffers on the GPU.
         let g = cfg(json!({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/n"}},
                            "aio": {"use_gds": true}}));
-        assert!(g.locked(None, 4096).parts.iter().all(|p| !p.exact));
+        assert!(g.locked(&none, 4096).parts.iter().all(|p| !p.exact));
     }
 
     #[test]
@@ -481,8 +552,31 @@ mod tests {
         let c = cfg(json!({"fp16": {"enabled": true}, "zero_optimization": {"stage": 3,
             "offload_param": {"device": "nvme", "nvme_path": "/n"},
             "offload_optimizer": {"device": "nvme", "nvme_path": "/n"}}}));
-        let s = c.swap_files(Model { params: 1000, world_size: 1 });
-        assert_eq!(s.total(), 1000 * 2 + 1000 * 16);
+        let m = Model { params: Some(1000), largest: None, world_size: 1, nodes: 1 };
+        assert_eq!(c.swap_files(&m, None).unwrap().total(), 1000 * 2 + 1000 * 16);
+        let opt = c.swap_files(&m, Some("zero_optimization.offload_optimizer")).unwrap();
+        assert_eq!(opt.total(), 1000 * 16);
+        // Two nodes: each holds half.
+        assert_eq!(c.swap_files(&Model { nodes: 2, ..m }, None).unwrap().total(), 500 * 18);
+        assert!(c.swap_files(&Model { params: None, ..m }, None).is_none());
+    }
+
+    #[test]
+    fn values_are_read_as_deepspeed_reads_them() {
+        let c = cfg(json!({"zero_optimization": {"stage": "3", "stage3_max_reuse_distance": 1e6,
+            "offload_param": {"device": "nvme", "nvme_path": "", "buffer_count": "8", "pin_memory": "no"},
+            "offload_optimizer": {"device": "NVMe", "nvme_path": "/o", "buffer_count": "auto", "pipeline_read": "yes"}},
+            "aio": {"queue_depth": "8", "block_size": 4096, "single_submit": 1}}));
+        assert_eq!(c.stage, Some(3));
+        let p = c.param.as_ref().unwrap();
+        assert_eq!((p.buffer_count, p.pin_memory, p.nvme_path.as_deref()), (8, false, Some(Path::new("."))));
+        // Refused by DeepSpeed (the config section says so), still the folder to check.
+        let o = c.optimizer.as_ref().unwrap();
+        assert_eq!((o.buffer_count, o.pipeline()), (4, true));
+        assert_eq!(c.max_reuse_distance, 1_000_000);
+        // aio_handle refuses the string: the default is what a fixed config gets.
+        assert_eq!((c.aio.queue_depth, c.aio.block_size, c.aio.single_submit), (8, 4096, true));
+        assert_eq!(c.paths().len(), 2);
     }
 
     #[test]
@@ -494,8 +588,6 @@ mod tests {
         let notes = c.notes.join("\n");
         assert!(notes.contains("thread_count is ignored"), "{notes}");
         assert!(notes.contains("only with ZeRO stage 3"), "{notes}");
-        assert!(notes.contains("no nvme_path"), "{notes}");
-        assert!(notes.contains("buffer_count = \"auto\""), "{notes}");
         assert_eq!(c.optimizer.as_ref().unwrap().buffer_count, 4);
         assert_eq!(c.aio.intra_op_parallelism, 1);
         // "cpu" offload swaps nothing.

@@ -1,15 +1,16 @@
-//! The `device` section: the block device under the directory, from sysfs
-//! (`/sys/dev/block/MAJ:MIN`, its whole disk, and through device-mapper,
-//! md and loop devices to what they sit on): model, transport (NVMe,
-//! virtio, SCSI/SATA, ...), rotational, the I/O scheduler, and
-//! `nr_requests` against the requests the config keeps in flight.
+//! The `device` section, for each folder: the block device under it, from
+//! sysfs (`/sys/dev/block/MAJ:MIN`, its whole disk, and through
+//! device-mapper, md and loop devices to what they sit on): model,
+//! transport (NVMe, virtio, SCSI/SATA, ...), rotational, the I/O scheduler,
+//! `nr_requests` against the requests the config keeps in flight, and the
+//! I/O limits a cgroup puts on this process for it (`cgroup`).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::filesystem::{mount_of, Mount};
 use super::report::Finding;
-use super::Context;
+use super::{cgroup, Context, Target};
 use crate::args::fmt_size_approx;
 
 const SECTION: &str = "device";
@@ -139,9 +140,51 @@ fn active_scheduler(s: &str) -> Option<&str> {
     s.split_whitespace().find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
 }
 
+/// What the bench's speed finding needs to know of a folder's device.
+#[derive(Clone, Debug, Default)]
+pub struct Facts {
+    /// "nvme", "virtio", "scsi", "loop", "stacked", "memory", "other"; None
+    /// without a block device.
+    pub kind: Option<&'static str>,
+    pub name: String,
+    pub rotational: bool,
+    /// The cgroup limits on it.
+    pub limits: Vec<cgroup::Limit>,
+}
+
+/// The device under `dir` (whole disk and partition numbers, for limits).
+pub fn facts(dir: &Path) -> Facts {
+    let mount = mount_of(dir);
+    let Some((maj, min)) = device_number(dir, mount.as_ref()) else { return Facts::default() };
+    let Some(disk) = disk_of(maj, min) else { return Facts::default() };
+    let (_, kind) = describe(&disk);
+    let mut devices = vec![format!("{maj}:{min}")];
+    if let Some(d) = disk.attr("dev") {
+        devices.push(d);
+    }
+    Facts {
+        kind: Some(kind),
+        name: disk.name.clone(),
+        rotational: disk.queue("rotational").as_deref() == Some("1") && !matches!(kind, "virtio" | "loop"),
+        limits: cgroup::limits(&devices),
+    }
+}
+
+/// "write bytes/s 50 MB/s" etc.
+pub fn fmt_limit(l: &cgroup::Limit) -> String {
+    match l.bytes_per_s() {
+        Some(b) => format!("{} {:.3} GB/s ({} B/s)", l.what.trim_end_matches(" bytes/s"), b as f64 / 1e9, b),
+        None => format!("{} {}", l.what, l.value),
+    }
+}
+
 pub fn check(ctx: &Context) -> Vec<Finding> {
-    let mount = mount_of(&ctx.probe_dir);
-    let Some((maj, min)) = device_number(&ctx.probe_dir, mount.as_ref()) else {
+    ctx.per_target(check_target)
+}
+
+pub fn check_target(ctx: &Context, t: &Target) -> Vec<Finding> {
+    let mount = mount_of(&t.probe_dir);
+    let Some((maj, min)) = device_number(&t.probe_dir, mount.as_ref()) else {
         return vec![Finding::warn(SECTION, "device", "unknown")
             .why("the directory's device number could not be read")
             .fix("check that the directory is readable by this user")];
@@ -153,6 +196,9 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
     };
     let mut out = Vec::new();
     let (what, kind) = describe(&disk);
+    let mut devices = vec![format!("{maj}:{min}")];
+    devices.extend(disk.attr("dev"));
+    let limits = cgroup::limits(&devices);
     let size = disk.attr("size").and_then(|s| s.parse::<u64>().ok()).map(|sectors| fmt_size_approx(sectors * 512));
     let part = disk.partition.as_ref().map(|p| format!(" (partition {p})")).unwrap_or_default();
     let summary = format!("{}{part}: {what}{}", disk.name, size.map(|s| format!(", {s}")).unwrap_or_default());
@@ -244,6 +290,31 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
         } else {
             Finding::ok(SECTION, "queue", summary).why(format!("{why}: the device takes them all"))
         });
+    }
+
+    if !limits.is_empty() {
+        let list: Vec<String> = limits.iter().map(fmt_limit).collect();
+        let files: Vec<String> = limits.iter().map(|l| l.file.display().to_string()).collect();
+        let lifts: Vec<String> = limits.iter().map(cgroup::Limit::lift).collect();
+        out.push(
+            Finding::warn(
+                SECTION,
+                "cgroup limit",
+                format!("{}: throttled by a cgroup: {}", disk.name, list.join(", ")),
+            )
+            .why(format!(
+                "this process's cgroup caps its I/O on {} ({}); a job started the same way is capped too, \
+                     whatever the drive can do",
+                devices.join(", "),
+                files.join(", ")
+            ))
+            .fix(format!(
+                "run the job outside that limit: as root {} (or drop the limit where it is set: docker \
+                     --device-read-bps/--device-write-bps, systemd IOReadBandwidthMax=/IOWriteBandwidthMax=, the \
+                     batch system's I/O limits)",
+                lifts.join("; ")
+            )),
+        );
     }
     out
 }

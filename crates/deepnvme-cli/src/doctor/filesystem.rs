@@ -1,16 +1,19 @@
-//! The `filesystem` section: the mount holding the directory (from
-//! /proc/self/mountinfo: type, source, options), whether O_DIRECT works
-//! there (a real aligned write and read), the `statx` O_DIRECT alignment
-//! against the aio block size, and free space against what the run needs.
-//! tmpfs (RAM), overlayfs (a container's layer), network and FUSE file
-//! systems are named, with what to use instead.
+//! The `filesystem` section, for each folder: whether DeepSpeed can create
+//! it (it does, with `os.makedirs`), the mount holding it (from
+//! /proc/self/mountinfo: type, source, options; read-only named as such),
+//! whether O_DIRECT works there (a real aligned write and read, and whether
+//! the kernel honours it: ext4 `data=journal` silently buffers it), the
+//! `statx` O_DIRECT alignment against the aio block size, and free space
+//! against the swap files that folder gets. tmpfs (RAM), overlayfs (a
+//! container's layer), network and FUSE file systems are named, with what
+//! to use instead.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::report::Finding;
-use super::Context;
+use super::{Context, Target};
 use crate::args::{fmt_size, fmt_size_approx};
 use crate::core_api::{self, LockMode, PageAlignedBuffer};
 use crate::info::{probe_dio, Dio};
@@ -199,25 +202,28 @@ fn fs_finding(m: &Mount, where_: &str) -> Finding {
     }
 }
 
-/// The bytes the run needs on this file system, and what they are.
-fn needed(ctx: &Context) -> (u64, String) {
-    if let (Some(cfg), Some(model)) = (&ctx.config, ctx.model) {
-        if cfg.swaps() {
-            let e = cfg.swap_files(model);
-            return (e.total(), format!("the swap files (estimate: {})", e.describe()));
-        }
-    }
+/// The bytes the run writes in `t`, and what they are.
+fn needed(ctx: &Context, t: &Target) -> (u64, String) {
     let mut need = 0;
     let mut what = Vec::new();
     if let Some(cfg) = ctx.config.as_ref().filter(|c| c.swaps()) {
-        if let Some(p) = &cfg.param {
-            // At least the parameters that fill the buffers go to files.
-            let b = p.buffer_count * p.buffer_size * cfg.model_dtype_bytes;
-            need += b;
-            what.push(format!(
-                "the parameters that fill the swap buffers ({}; pass --model-params for the whole model)",
-                fmt_size_approx(b)
-            ));
+        for o in cfg.offloads().filter(|o| o.nvme_path.as_deref() == Some(t.path.as_path())) {
+            match cfg.swap_files(&ctx.model, Some(o.block)) {
+                Some(e) => {
+                    need += e.total();
+                    what.push(format!("the swap files (estimate: {})", e.describe()));
+                }
+                // At least the parameters that fill the swap buffers go to files.
+                None if o.block.ends_with("offload_param") => {
+                    let b = o.buffer_count * o.buffer_size * cfg.model_dtype_bytes;
+                    need += b;
+                    what.push(format!(
+                        "the parameters that fill the swap buffers ({}; pass --model-params for the whole model)",
+                        fmt_size_approx(b)
+                    ));
+                }
+                None => {}
+            }
         }
     }
     if ctx.runs("bench") {
@@ -231,24 +237,87 @@ fn needed(ctx: &Context) -> (u64, String) {
     (need, what.join(" and "))
 }
 
-pub fn check(ctx: &Context) -> Vec<Finding> {
-    let dir = &ctx.probe_dir;
-    let mut out = Vec::new();
-    if ctx.probe_dir != ctx.dir {
-        out.push(
-            Finding::warn(SECTION, "directory", format!("{} does not exist", ctx.dir.display()))
-                .why(format!("checked {} instead, where it would be created", dir.display()))
-                .fix(format!("mkdir -p {} (DeepSpeed creates its own folder inside nvme_path)", ctx.dir.display())),
-        );
+/// Whether this user may create entries in `dir`.
+fn writable(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+    // SAFETY: access() reads a valid C string.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
-    let where_ = ctx.dir.display().to_string();
-    match mount_of(dir) {
-        Some(m) => out.push(fs_finding(&m, &where_)),
+}
+
+/// The folder itself: there, or creatable by DeepSpeed's os.makedirs.
+fn folder_finding(t: &Target, mount: Option<&Mount>) -> Option<Finding> {
+    if t.probe_dir == t.path {
+        return None;
+    }
+    let summary = format!("{} does not exist yet", t.path.display());
+    let read_only = mount.is_some_and(is_read_only);
+    Some(match writable(&t.probe_dir) {
+        Ok(()) if !read_only => Finding::ok(SECTION, "folder", summary).why(format!(
+            "DeepSpeed creates it (os.makedirs, with zero_stage_3/...); {} is writable, and was checked in its place",
+            t.probe_dir.display()
+        )),
+        r => Finding::fail(SECTION, "folder", summary)
+            .why(format!(
+                "DeepSpeed's os.makedirs cannot create it: {} is {}",
+                t.probe_dir.display(),
+                if read_only {
+                    "on a read-only mount".to_string()
+                } else {
+                    format!("not writable by this user ({})", r.err().map(|e| e.to_string()).unwrap_or_default())
+                }
+            ))
+            .fix(format!(
+                "as root: mkdir -p {0} && chown $USER {0}, or point nvme_path at a folder this user can create",
+                t.path.display()
+            )),
+    })
+}
+
+fn is_read_only(m: &Mount) -> bool {
+    m.options.split(',').next() == Some("ro")
+}
+
+/// ext4's `data=journal` (a mount option, or the file system's default
+/// mount options, which mountinfo shows): the kernel then serves O_DIRECT
+/// through the page cache.
+fn journals_data(m: &Mount) -> bool {
+    m.fstype == "ext4" && m.options.split(',').any(|o| o == "data=journal")
+}
+
+pub fn check_target(ctx: &Context, t: &Target) -> Vec<Finding> {
+    let dir = &t.probe_dir;
+    let mut out = Vec::new();
+    let mount = mount_of(dir);
+    out.extend(folder_finding(t, mount.as_ref()));
+    let where_ = t.path.display().to_string();
+    match &mount {
+        Some(m) => out.push(fs_finding(m, &where_)),
         None => out.push(
             Finding::warn(SECTION, "type", "unknown")
                 .why("the directory is in no mount of /proc/self/mountinfo")
                 .fix("check that /proc is mounted and the directory exists"),
         ),
+    }
+    if let Some(m) = mount.as_ref().filter(|m| is_read_only(m)) {
+        out.push(
+            Finding::fail(
+                SECTION,
+                "read-only",
+                format!("{} is mounted read-only ({} on {})", where_, m.source, m.mount_point.display()),
+            )
+            .why("DeepSpeed cannot create its swap folder or write a swap file there (EROFS)")
+            .fix(format!(
+                "as root: mount -o remount,rw {} (and fix its line in /etc/fstab), or point nvme_path at a \
+                     writable file system",
+                m.mount_point.display()
+            )),
+        );
+        return out;
     }
 
     // O_DIRECT: the probe the `info` command makes, then a real transfer.
@@ -259,6 +328,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
     };
     let round_trip = direct_round_trip(dir, unit);
     let full = |errno: Option<i32>| errno == Some(libc::ENOSPC) || errno == Some(libc::EDQUOT);
+    let journal = mount.as_ref().is_some_and(journals_data);
     out.push(match (&dio, &round_trip) {
         (Dio::Aligned { .. }, Ok(())) => {
             Finding::ok(SECTION, "O_DIRECT", format!("works (an aligned {unit} B write and read)"))
@@ -268,9 +338,37 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
                 .why(why.clone())
                 .fix("free space on that file system (see free space below)")
         }
-        (Dio::Unknown(why), _) => Finding::fail(SECTION, "O_DIRECT", "could not be tested")
-            .why(why.clone())
-            .fix("make the directory writable by this user, or choose another"),
+        (_, Err((why, Some(e)))) if *e == libc::EROFS => Finding::fail(SECTION, "O_DIRECT", "not tested: read-only")
+            .why(format!("{why}: the file system refuses writes"))
+            .fix("remount it read-write, or point nvme_path at a writable file system"),
+        (Dio::Unknown(why), _) | (_, Err((why, Some(libc::EACCES | libc::EPERM)))) => {
+            Finding::fail(SECTION, "O_DIRECT", "not tested: this user cannot create a file here")
+                .why(format!("{why}; DeepSpeed could not write its swap files either"))
+                .fix(format!("chown or chmod {where_} for the user that runs the job, or choose another folder"))
+        }
+        (Dio::Unsupported, Ok(())) if journal => Finding::warn(
+            SECTION,
+            "O_DIRECT",
+            "accepted but not honoured: ext4 mounted data=journal",
+        )
+        .why(
+            "with data=journal ext4 journals file data, so it serves O_DIRECT through the page cache (statx reports \
+             no direct-I/O alignment): every swap is a buffered copy, with the RAM of the cache and the speed of \
+             journal writeback",
+        )
+        .fix(format!(
+            "mount it data=ordered (the default): change data=journal in /etc/fstab for {}, then umount and mount \
+             (ext4 cannot switch on remount); if tune2fs -l shows journal_data in its default mount options, \
+             tune2fs -o ^journal_data {}",
+            mount.as_ref().map(|m| m.mount_point.display().to_string()).unwrap_or_default(),
+            mount.as_ref().map(|m| m.source.clone()).unwrap_or_default()
+        )),
+        (Dio::Unsupported, Ok(())) => Finding::warn(SECTION, "O_DIRECT", "accepted but not honoured")
+            .why(
+                "open(O_DIRECT) and aligned transfers work, but statx reports no direct-I/O alignment: the file \
+                 system serves them through the page cache (buffered I/O)",
+            )
+            .fix(format!("use a file system with O_DIRECT (ext4 data=ordered, xfs) for {where_}")),
         (_, r) => Finding::warn(SECTION, "O_DIRECT", "refused by this file system")
             .why(format!(
                 "{}; the core then moves data through the page cache (buffered I/O): RAM for the cache, a copy per \
@@ -309,7 +407,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
     }
 
     if let Some((free, total)) = space(dir) {
-        let (need, what) = needed(ctx);
+        let (need, what) = needed(ctx, t);
         let summary = format!("{} free of {}", fmt_size_approx(free), fmt_size_approx(total));
         let f = if free < need {
             Finding::fail(SECTION, "free space", summary)
@@ -324,6 +422,10 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
         out.push(f);
     }
     out
+}
+
+pub fn check(ctx: &Context) -> Vec<Finding> {
+    ctx.per_target(check_target)
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 //! deepnvme package and its build record, the `.pth` hook,
 //! `deepnvme.choose_frontend()`'s answer and what `AsyncIOBuilder().load()`
 //! returns. Compiled modules built for another torch are named, with the
-//! command that rebuilds them.
+//! command that rebuilds them. The same interpreter then runs
+//! `config_probe.py` (the config through DeepSpeed's own validation, for the
+//! `config` section), so torch and DeepSpeed are imported once per run.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -19,6 +21,9 @@ use super::Context;
 
 const SECTION: &str = "frontend";
 const PROBE: &str = include_str!("frontend_probe.py");
+const CONFIG_PROBE: &str = include_str!("config_probe.py");
+/// The config `config_probe.py` validates.
+const CONFIG_ENV: &str = "DEEPNVME_DOCTOR_CONFIG";
 const MARKER: &str = "DEEPNVME-DOCTOR-JSON:";
 /// Importing torch and DeepSpeed takes seconds; a wedged CUDA driver, forever.
 const TIMEOUT: Duration = Duration::from_secs(240);
@@ -54,11 +59,16 @@ pub fn default_python() -> PathBuf {
     PathBuf::from("python3")
 }
 
-/// Runs the probe in `python`. Errors say why it gave no report.
-pub fn probe(python: &Path) -> Result<PythonInfo, String> {
-    let mut child = Command::new(python)
-        .arg("-c")
-        .arg(PROBE)
+/// Runs the probes in `python` (with `config` for `config_probe.py`).
+/// Errors say why it gave no report.
+pub fn probe(python: &Path, config: Option<&Path>) -> Result<PythonInfo, String> {
+    let script = format!("{PROBE}\n{CONFIG_PROBE}\nsys.stdout.flush()\nprint(MARKER + json.dumps(out), flush=True)\n");
+    let mut cmd = Command::new(python);
+    cmd.arg("-c").arg(script).env_remove(CONFIG_ENV);
+    if let Some(c) = config {
+        cmd.env(CONFIG_ENV, std::fs::canonicalize(c).unwrap_or_else(|_| c.to_path_buf()));
+    }
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -270,10 +280,32 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
     };
     out.push(f);
     if let Some(e) = p.error("deepspeed_loads") {
+        // With the hook off (or deepnvme absent) the builder JIT-builds
+        // DeepSpeed's own C++ op, which needs libaio's headers, ninja and a
+        // C++ compiler on this machine.
+        let own_op = hook_off || !pth;
+        let fix = if own_op {
+            format!(
+                "DeepSpeed's own async_io op is JIT-built here and needs: libaio's headers (apt-get install \
+                 libaio-dev, or dnf install libaio-devel), ninja on PATH ({python} -m pip install ninja, or the \
+                 venv's bin on PATH), and a C++ compiler (apt-get install g++); `ds_report` then shows async_io \
+                 compatible. Or let deepnvme serve it: {}",
+                if hook_off { "unset DEEPNVME_DEEPSPEED_HOOK" } else { "reinstall deepnvme (its .pth hook)" }
+            )
+        } else {
+            "see the error; `ds_report` shows what DeepSpeed sees".to_string()
+        };
         out.push(
             Finding::fail(SECTION, "DeepSpeed", "AsyncIOBuilder().load() raises")
-                .why(e.to_string())
-                .fix("see the error; `ds_report` shows what DeepSpeed sees"),
+                .why(if own_op {
+                    format!(
+                        "{e}; with {} DeepSpeed builds its own C++ op",
+                        if hook_off { "the hook off" } else { "no hook" }
+                    )
+                } else {
+                    e.to_string()
+                })
+                .fix(fix),
         );
     }
     out

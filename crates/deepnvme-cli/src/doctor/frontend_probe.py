@@ -1,9 +1,11 @@
 # Run by `deepnvme doctor` (crates/deepnvme-cli/src/doctor/frontend.rs) in
-# the Python it checks. It prints one line, a marker then a JSON object:
-# versions, the deepnvme package, the DeepSpeed hook, which front end
-# deepnvme.choose_frontend() picks and why, what DeepSpeed's AsyncIOBuilder
-# then loads, and GPUDirect Storage as a process with torch loaded sees it.
-# Each step's failure is recorded under "<key>_error"; nothing raises.
+# the Python it checks, followed in the same interpreter by config_probe.py
+# and a line that prints `out`: a marker then a JSON object. This part
+# records versions, the deepnvme package, the DeepSpeed hook, which front
+# end deepnvme.choose_frontend() picks and why, what DeepSpeed's
+# AsyncIOBuilder then loads, and GPUDirect Storage as a process with torch
+# loaded sees it. Each step's failure is recorded under "<key>_error";
+# nothing raises.
 import glob
 import importlib.util
 import json
@@ -85,5 +87,3 @@ else:
 
         attempt("deepspeed_loads", deepspeed_loads)
 
-sys.stdout.flush()
-print(MARKER + json.dumps(out), flush=True)

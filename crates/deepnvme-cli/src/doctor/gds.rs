@@ -125,8 +125,24 @@ fn fix_for(e: &GdsError, candidates: &[String]) -> String {
     }
 }
 
+/// Whether this machine has an NVIDIA GPU the driver lists (or a device node).
+fn has_gpu() -> bool {
+    let listed = std::fs::read_dir("/proc/driver/nvidia/gpus").is_ok_and(|mut d| d.next().is_some());
+    let node = std::fs::read_dir("/dev").is_ok_and(|d| {
+        d.flatten().any(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.strip_prefix("nvidia").is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
+        })
+    });
+    listed || node
+}
+
+const NO_GPU_FIX: &str = "there is no GPU here, and GDS moves data between NVMe and GPU memory: set \"use_gds\": \
+                          false in the config's aio block (the CPU path through aio_handle needs no GPU)";
+
 pub fn check(ctx: &Context) -> Vec<Finding> {
     let requested = ctx.config.as_ref().is_some_and(|c| c.aio.use_gds);
+    let gpu = has_gpu();
     let override_set = std::env::var_os(core_api::CUFILE_LIB_ENV).is_some();
     let why_needed = if requested {
         "the config sets aio.use_gds: DeepSpeed's GDSBuilder().load().gds_handle fails without it".to_string()
@@ -147,10 +163,15 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
                 }
                 Err(e) => {
                     let status = if requested { Status::Fail } else { Status::Warn };
+                    let fix = if requested && !gpu {
+                        format!("{NO_GPU_FIX}; on a GPU machine: {}", fix_for(&e, &[]))
+                    } else {
+                        fix_for(&e, &[])
+                    };
                     out.push(
                         Finding::new(SECTION, "driver", status, "the cuFile driver does not open")
                             .why(e.to_string())
-                            .fix(fix_for(&e, &[])),
+                            .fix(fix),
                     );
                 }
             }
@@ -180,7 +201,11 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
             usable = matches!(torch_view, Some(Ok(())));
             let mut f = Finding::new(SECTION, "libraries", status, summary).why(why);
             if status != Status::Ok {
-                f = f.fix(fix_for(&e, &candidates));
+                f = f.fix(if requested && !gpu {
+                    format!("{NO_GPU_FIX}; on a GPU machine: {}", fix_for(&e, &candidates))
+                } else {
+                    fix_for(&e, &candidates)
+                });
             }
             out.push(f);
         }
@@ -195,7 +220,8 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
     let p2p = cfg.as_ref().ok().and_then(|c| property(c, "use_pci_p2pdma")).unwrap_or(false);
     let compat_allowed = cfg.as_ref().ok().and_then(|c| property(c, "allow_compat_mode"));
     let forced_compat = std::env::var("CUFILE_FORCE_COMPAT_MODE").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
-    if usable || requested {
+    // Without a GPU, how transfers would go is moot (the fix says use_gds false).
+    if (usable || requested) && gpu {
         let mode = if forced_compat {
             Err("CUFILE_FORCE_COMPAT_MODE=true forces compatibility mode".to_string())
         } else if nvfs {

@@ -2,7 +2,9 @@
 //! of this process, which a job started from the same shell inherits,
 //! against what the DeepSpeed config's swap buffers lock per rank
 //! ([`DsConfig::locked`](super::config::DsConfig::locked)), and the machine's
-//! memory against all ranks' locked buffers.
+//! memory against all ranks' locked buffers. Ranks a launcher starts on
+//! other nodes (ssh, pdsh) get the limits PAM gives their login there, not
+//! this shell's: the findings say how to check those nodes.
 
 use super::config::Estimate;
 use super::report::{Finding, Status};
@@ -12,6 +14,10 @@ use crate::core_api;
 use crate::info::{fmt_limit, unlimited};
 
 const SECTION: &str = "memlock";
+/// Where other nodes' limits come from, and how to see them.
+const REMOTE: &str = "Ranks started on other nodes over ssh or pdsh get the limits PAM sets there \
+                      (/etc/security/limits.conf and limits.d on that node), not this shell's: check each with \
+                      ssh NODE deepnvme doctor --only memlock --config ds_config.json";
 const CAP_IPC_LOCK: u32 = 14;
 
 /// `MemAvailable` of /proc/meminfo, in bytes.
@@ -43,7 +49,7 @@ fn raise(hard: u64, need: u64) -> String {
     format!(
         "{shell}; for good: '* - memlock unlimited' in /etc/security/limits.conf (log in again), LimitMEMLOCK=infinity \
          for a systemd service, docker run --ulimit memlock=-1, or grant CAP_IPC_LOCK; or lock less (smaller \
-         buffer_count or buffer_size)"
+         buffer_count or buffer_size). {REMOTE}"
     )
 }
 
@@ -61,12 +67,12 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
             Some(_) => "the config swaps nothing to NVMe, so its swap buffers lock nothing",
             None => "pass --config ds_config.json to compare it with what a job's swap buffers lock",
         };
-        return vec![Finding::ok(SECTION, "RLIMIT_MEMLOCK", limit).why(why)];
+        return vec![Finding::ok(SECTION, "RLIMIT_MEMLOCK", limit).why(format!("{why}. {REMOTE}"))];
     };
     let page = core_api::page_size() as u64;
-    let need: Estimate = cfg.locked(ctx.model, page);
+    let need: Estimate = cfg.locked(&ctx.model, page);
     let (exact, total) = (need.exact(), need.total());
-    let basis = format!("per rank, {}", need.describe());
+    let basis = format!("per rank, {}. {REMOTE}", need.describe());
     let allowed = |bytes: u64| cap || unlimited(soft) || soft >= bytes;
     let mut out = Vec::new();
     let summary =
@@ -88,7 +94,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
         )
         .why(format!(
             "the fixed buffers fit, but the model-sized ones may not{}; {basis}",
-            if ctx.model.is_none() { " (pass --model-params N for an estimate instead of a bound)" } else { "" }
+            if ctx.model.params.is_none() { " (pass --model-params N for an estimate instead of a bound)" } else { "" }
         ));
         f.fix(raise(hard, total))
     } else {
@@ -97,7 +103,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
     out.push(finding);
 
     // Locked memory cannot be paged out: every rank's buffers need RAM.
-    let ranks = ctx.model.map_or(1, |m| m.world_size.max(1));
+    let ranks = ctx.model.world_size.max(1);
     if let Some(avail) = mem_available() {
         let all = exact.saturating_mul(ranks);
         let bound = total.saturating_mul(ranks);

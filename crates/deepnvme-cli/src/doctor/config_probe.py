@@ -1,0 +1,152 @@
+# Run by `deepnvme doctor` (crates/deepnvme-cli/src/doctor/validation.rs) in
+# the job's Python, right after frontend_probe.py in the same interpreter
+# (it uses that script's `out` and `attempt`), so torch and DeepSpeed are
+# imported once. When DEEPNVME_DOCTOR_CONFIG names a DeepSpeed config, it
+# puts under out["config_check"] what DeepSpeed's own code says of it, the
+# way deepspeed.initialize meets it: the removed keys DeepSpeedConfig
+# refuses, the zero_optimization section through DeepSpeedZeroConfig
+# (pydantic: every error, with its key), the aio block through
+# get_aio_config, and, when something swaps to NVMe and the loaded async_io
+# op is deepnvme's (nothing is JIT-built), aio_handle(...) called with the
+# block's values exactly as DeepSpeed's swappers call it.
+import json
+import os
+
+
+def _jsonable(value):
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _input_path(cfg, loc):
+    """The part of pydantic's loc that indexes the config (drops union tags such as 'str')."""
+    path, node = [], cfg
+    for item in loc:
+        if isinstance(node, dict) and item in node:
+            node = node[item]
+        elif isinstance(node, list) and isinstance(item, int) and item < len(node):
+            node = node[item]
+        else:
+            break
+        path.append(str(item))
+    return path
+
+
+def _model_keys(model, loc):
+    """The keys the pydantic model at `loc` (below DeepSpeedZeroConfig) takes."""
+    import typing
+
+    for name in loc:
+        field = model.model_fields.get(name) or next(
+            (f for f in model.model_fields.values() if f.alias == name), None)
+        if field is None:
+            return []
+        ann = field.annotation
+        for arg in (typing.get_args(ann) or (ann,)):
+            if hasattr(arg, "model_fields"):
+                model = arg
+                break
+        else:
+            return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _config_check(path):
+    report = {"deepspeed": out.get("deepspeed"), "errors": [], "aio_handle": None}
+    if not report["deepspeed"]:
+        return report
+    with open(path) as f:
+        cfg = json.load(f)
+    errors = report["errors"]
+
+    def error(loc, kind, msg, value=None, fields=None):
+        errors.append({"loc": [str(x) for x in loc], "kind": kind, "msg": msg,
+                       "input": _jsonable(value), "fields": fields or []})
+
+    import pydantic
+    from deepspeed.runtime import config as ds_config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig, get_zero_config
+    from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
+
+    # DeepSpeedConfig's first step: keys DeepSpeed removed.
+    reject = getattr(ds_config, "_reject_removed_config_keys", None)
+    if reject is not None:
+        try:
+            reject(cfg)
+        except Exception as e:
+            zero = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
+            removed_zero = getattr(ds_config, "_REMOVED_ZERO_CONFIG_KEYS", {})
+            removed_top = getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {})
+            loc = next((["zero_optimization", k] for k in removed_zero if k in zero), None) \
+                or next(([k] for k in removed_top if k in cfg), [])
+            error(loc, "removed", f"{type(e).__name__}: {e}")
+            return report
+
+    zero = None
+    try:
+        zero = get_zero_config(cfg)
+    except pydantic.ValidationError as e:
+        for item in e.errors():
+            loc = ["zero_optimization"] + _input_path(cfg.get("zero_optimization", {}), list(item["loc"]))
+            fields = _model_keys(DeepSpeedZeroConfig, loc[1:-1]) if item["type"] == "extra_forbidden" else []
+            error(loc, item["type"], item["msg"], item.get("input") if item["loc"] else None, fields)
+    except Exception as e:
+        error(["zero_optimization"], "assertion_error" if isinstance(e, AssertionError) else "type_error",
+              f"{type(e).__name__}: {e}")
+
+    try:
+        aio = get_aio_config(cfg)
+    except AssertionError as e:
+        error(["aio", "use_gds"], "assertion_error", f"AssertionError: {e}", (cfg.get("aio") or {}).get("use_gds"))
+        return report
+    except Exception as e:
+        error(["aio"], "type_error", f"{type(e).__name__}: {e}", cfg.get("aio"))
+        return report
+    if zero is None:
+        return report
+
+    # The ZeRO-3 swappers create aio_handle(...) only when something goes to NVMe.
+    swaps = int(zero.stage) == 3 and any(
+        o is not None and o.device == "nvme" for o in (zero.offload_param, zero.offload_optimizer))
+    handle = report["aio_handle"] = {"tried": False}
+    loads = out.get("deepspeed_loads") or {}
+    if not swaps:
+        handle["why_not"] = "nothing swaps to NVMe at ZeRO stage 3, so no aio_handle is created"
+    elif aio.get("use_gds"):
+        handle["why_not"] = "use_gds: the swappers create gds_handle, which needs a GPU"
+    elif not str(loads.get("name", "")).startswith("deepnvme"):
+        handle["why_not"] = f"the loaded async_io op is {loads.get('name')!r}, not deepnvme's (it is not built here)"
+    else:
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        op = AsyncIOBuilder().load(verbose=False)
+        handle.update(tried=True, op=op.__name__)
+        keys = ("block_size", "queue_depth", "single_submit", "overlap_events", "intra_op_parallelism")
+        defaults = dict(block_size=1048576, queue_depth=8, single_submit=False, overlap_events=True,
+                        intra_op_parallelism=1)
+
+        def make(kwargs):
+            try:
+                op.aio_handle(**kwargs)
+                return None
+            except Exception as e:
+                return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+
+        whole = make({k: aio[k] for k in keys})
+        if whole is not None:
+            # The binding's TypeError names no argument: find which by
+            # trying each value alone.
+            culprits = [k for k in keys if make(dict(defaults, **{k: aio[k]})) is not None]
+            for k in culprits:
+                why = make(dict(defaults, **{k: aio[k]}))
+                error(["aio", k], "aio_handle", f"{why} ({k}={aio[k]!r}, a {type(aio[k]).__name__})", aio[k])
+            if not culprits:
+                error(["aio"], "aio_handle", whole, cfg.get("aio"))
+    return report
+
+
+_path = os.environ.get("DEEPNVME_DOCTOR_CONFIG")
+if _path:
+    attempt("config_check", lambda: _config_check(_path))

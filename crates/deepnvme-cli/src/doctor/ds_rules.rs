@@ -1,0 +1,827 @@
+//! DeepSpeed 0.19.8's rules for the two config sections DeepNVMe depends
+//! on, as a table, for when the job's Python has no DeepSpeed to ask
+//! (`config_probe.py` asks DeepSpeed itself when it can):
+//!
+//! * `zero_optimization`: the fields of `DeepSpeedZeroConfig` and its nested
+//!   models (`offload_param`, `offload_optimizer`, `zenflow`, `leaf_module`)
+//!   with their types, enums and bounds, pydantic 2's lax-mode coercions
+//!   (`"8"` and `8.0` are 8, `"yes"` is true, `"auto"` means the default),
+//!   unknown keys refused (`extra="forbid"`), the model validators and the
+//!   deprecated-key checks, and the keys DeepSpeed removed;
+//! * `aio`: read raw (`get_aio_config`), so a wrong type only fails when
+//!   the swapper calls `aio_handle(...)`: the types DeepSpeed's pybind11
+//!   binding takes, then the values the handle accepts (the core's own
+//!   `HandleConfig::validate`); `use_gds` needs the CUDA accelerator.
+//!
+//! Every fact here was read from DeepSpeed 0.19.8's models and checked by
+//! running them; `tests/python/test_doctor.py` runs the same configs
+//! through DeepSpeed and through this table and compares the verdicts.
+
+use serde_json::{Map, Value};
+
+/// One error, in pydantic's terms so that DeepSpeed's own errors (from the
+/// probe) and the table's render alike.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Violation {
+    /// Keys from the top of the config: `["zero_optimization", "offload_param", "device"]`.
+    pub loc: Vec<String>,
+    /// pydantic's error type (`enum`, `int_parsing`, `extra_forbidden`,
+    /// `value_error`, ...), or `aio_handle`, `removed`, `not_a_mapping`.
+    pub kind: String,
+    pub msg: String,
+    /// The value written, when there is one.
+    pub input: Option<Value>,
+    /// For `extra_forbidden`: the keys that object takes.
+    pub fields: Vec<String>,
+}
+
+impl Violation {
+    fn new(loc: &[String], kind: &str, msg: impl Into<String>, input: Option<&Value>) -> Violation {
+        Violation { loc: loc.to_vec(), kind: kind.into(), msg: msg.into(), input: input.cloned(), fields: Vec::new() }
+    }
+    pub fn key(&self) -> String {
+        self.loc.join(".")
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Bounds {
+    gt: Option<f64>,
+    ge: Option<f64>,
+    lt: Option<f64>,
+    le: Option<f64>,
+}
+
+const NONE: Bounds = Bounds { gt: None, ge: None, lt: None, le: None };
+const GE0: Bounds = Bounds { ge: Some(0.0), ..NONE };
+const GT0: Bounds = Bounds { gt: Some(0.0), ..NONE };
+const UNIT: Bounds = Bounds { ge: Some(0.0), le: Some(1.0), ..NONE };
+const OPEN_UNIT: Bounds = Bounds { gt: Some(0.0), lt: Some(1.0), ..NONE };
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Bool,
+    Int(Bounds),
+    Float(Bounds),
+    StrEnum(&'static [&'static str]),
+    IntEnum(&'static [i64]),
+    Path,
+    Str,
+    StrOrInt,
+    StrList,
+    Model(&'static Model),
+}
+
+#[derive(Debug)]
+struct Field {
+    name: &'static str,
+    alias: Option<&'static str>,
+    kind: Kind,
+    optional: bool,
+    /// A deprecated field that sets this one (DeepSpeed asserts both are
+    /// not given together).
+    replaced_by: Option<&'static str>,
+}
+
+const fn f(name: &'static str, kind: Kind) -> Field {
+    Field { name, alias: None, kind, optional: false, replaced_by: None }
+}
+const fn opt(name: &'static str, kind: Kind) -> Field {
+    Field { name, alias: None, kind, optional: true, replaced_by: None }
+}
+const fn aliased(name: &'static str, alias: &'static str, kind: Kind) -> Field {
+    Field { name, alias: Some(alias), kind, optional: false, replaced_by: None }
+}
+const fn deprecated(name: &'static str, replaced_by: &'static str, optional: bool) -> Field {
+    Field { name, alias: None, kind: Kind::Bool, optional, replaced_by: Some(replaced_by) }
+}
+
+#[derive(Debug)]
+struct Model {
+    /// DeepSpeed's class name, as pydantic's messages give it.
+    class: &'static str,
+    fields: &'static [Field],
+}
+
+const DEVICES: &[&str] = &["none", "cpu", "nvme"];
+
+static OFFLOAD_PARAM: Model = Model {
+    class: "DeepSpeedZeroOffloadParamConfig",
+    fields: &[
+        f("device", Kind::StrEnum(DEVICES)),
+        opt("nvme_path", Kind::Path),
+        f("buffer_count", Kind::Int(GE0)),
+        f("buffer_size", Kind::Int(GE0)),
+        f("max_in_cpu", Kind::Int(GE0)),
+        f("pin_memory", Kind::Bool),
+    ],
+};
+
+static OFFLOAD_OPTIMIZER: Model = Model {
+    class: "DeepSpeedZeroOffloadOptimizerConfig",
+    fields: &[
+        f("device", Kind::StrEnum(DEVICES)),
+        opt("nvme_path", Kind::Path),
+        f("buffer_count", Kind::Int(GE0)),
+        f("pin_memory", Kind::Bool),
+        f("pipeline_read", Kind::Bool),
+        f("pipeline_write", Kind::Bool),
+        f("fast_init", Kind::Bool),
+        f("ratio", Kind::Float(UNIT)),
+        f("super_offload", Kind::Bool),
+        f("cpuadam_cores_perc", Kind::Float(UNIT)),
+    ],
+};
+
+static ZENFLOW: Model = Model {
+    class: "ZenFlowConfig",
+    fields: &[
+        f("topk_ratio", Kind::Float(OPEN_UNIT)),
+        f("select_strategy", Kind::Str),
+        f("select_interval", Kind::StrOrInt),
+        f("update_interval", Kind::StrOrInt),
+        f("overlap_step", Kind::Bool),
+        f("offload", Kind::Bool),
+        f("auto_ratio", Kind::Float(UNIT)),
+        f("full_warm_up_rounds", Kind::Int(NONE)),
+        f("pt_reserved_cores_perc", Kind::Float(UNIT)),
+        opt("steps_per_epoch", Kind::Int(NONE)),
+    ],
+};
+
+static LEAF_MODULE: Model = Model {
+    class: "DeepSpeedZeroLeafModuleConfig",
+    fields: &[f("classes", Kind::StrList), f("names", Kind::StrList), f("name_suffixes", Kind::StrList)],
+};
+
+static ZERO: Model = Model {
+    class: "DeepSpeedZeroConfig",
+    fields: &[
+        f("stage", Kind::IntEnum(&[0, 1, 2, 3])),
+        f("contiguous_gradients", Kind::Bool),
+        f("reduce_scatter", Kind::Bool),
+        f("reduce_bucket_size", Kind::Int(GT0)),
+        f("use_multi_rank_bucket_allreduce", Kind::Bool),
+        f("allgather_partitions", Kind::Bool),
+        f("allgather_bucket_size", Kind::Int(GE0)),
+        opt("overlap_comm", Kind::Bool),
+        f("compute_grad_norm", Kind::Bool),
+        f("load_from_fp32_weights", Kind::Bool),
+        f("elastic_checkpoint", Kind::Bool),
+        opt("offload_param", Kind::Model(&OFFLOAD_PARAM)),
+        opt("offload_optimizer", Kind::Model(&OFFLOAD_OPTIMIZER)),
+        opt("zenflow", Kind::Model(&ZENFLOW)),
+        f("sub_group_size", Kind::Int(GE0)),
+        deprecated("cpu_offload_param", "offload_param", true),
+        opt("cpu_offload_use_pin_memory", Kind::Bool),
+        deprecated("cpu_offload", "offload_optimizer", true),
+        aliased("prefetch_bucket_size", "stage3_prefetch_bucket_size", Kind::Int(GE0)),
+        aliased("param_persistence_threshold", "stage3_param_persistence_threshold", Kind::Int(GE0)),
+        aliased("model_persistence_threshold", "stage3_model_persistence_threshold", Kind::Int(GE0)),
+        aliased("max_live_parameters", "stage3_max_live_parameters", Kind::Int(GE0)),
+        aliased("max_reuse_distance", "stage3_max_reuse_distance", Kind::Int(GE0)),
+        aliased("gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save", Kind::Bool),
+        aliased("module_granularity_threshold", "stage3_module_granularity_threshold", Kind::Int(NONE)),
+        aliased("use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params", Kind::Bool),
+        aliased("allgather_sequential", "stage3_allgather_sequential", Kind::Bool),
+        deprecated("stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save", false),
+        f("ignore_unused_parameters", Kind::Bool),
+        f("legacy_stage1", Kind::Bool),
+        f("round_robin_gradients", Kind::Bool),
+        f("parameter_alignment", Kind::Bool),
+        f("zero_hpz_partition_size", Kind::Int(GE0)),
+        f("zero_quantized_weights", Kind::Bool),
+        f("zero_quantized_nontrainable_weights", Kind::Bool),
+        f("zero_quantized_gradients", Kind::Bool),
+        f("memory_efficient_linear", Kind::Bool),
+        f("pipeline_loading_checkpoint", Kind::Bool),
+        f("override_module_apply", Kind::Bool),
+        f("log_trace_cache_warnings", Kind::Bool),
+        f("enable_sanity_checks", Kind::Bool),
+        f("save_muon_momentum_buffer_in_memory", Kind::Bool),
+        f("leaf_module", Kind::Model(&LEAF_MODULE)),
+    ],
+};
+
+/// `zero_optimization` keys DeepSpeed 0.19.8 removed: `DeepSpeedConfig`
+/// refuses them (`_reject_removed_config_keys`) before anything else.
+const REMOVED_ZERO_KEYS: &[(&str, &str)] = &[
+    (
+        "mics_shard_size",
+        "MiCS ZeRO-3 sharding has been removed; 'zero_optimization.mics_shard_size' is no longer supported",
+    ),
+    (
+        "mics_hierarchical_params_gather",
+        "MiCS ZeRO-3 sharding has been removed; 'zero_optimization.mics_hierarchical_params_gather' is no longer \
+         supported",
+    ),
+    ("zeropp_loco_param", "LoCo-Zero++ has been removed; 'zero_optimization.zeropp_loco_param' is no longer supported"),
+];
+
+// ---------------------------------------------------------------------------
+// pydantic 2's lax-mode coercions, as DeepSpeed's models apply them
+
+/// `"auto"` (exactly) is dropped by `DeepSpeedConfigModel.__init__`: the
+/// field keeps its default (the HF Trainer's placeholder).
+pub fn is_auto(v: &Value) -> bool {
+    v.as_str() == Some("auto")
+}
+
+type Coerced<T> = Result<T, (&'static str, String)>;
+
+/// An integer as pydantic reads one: a bool, a float without a fraction, or
+/// a string of digits (whitespace, a sign, `_` between digits and a `.000`
+/// fraction allowed; `1e8` is not).
+pub fn lax_int(v: &Value) -> Coerced<i128> {
+    const PARSING: &str = "Input should be a valid integer, unable to parse string as an integer";
+    match v {
+        Value::Bool(b) => Ok(*b as i128),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                return Ok(i as i128);
+            }
+            if let Some(u) = n.as_u64() {
+                return Ok(u as i128);
+            }
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            if !x.is_finite() {
+                Err(("finite_number", "Input should be a finite number".into()))
+            } else if x.fract() != 0.0 {
+                Err(("int_from_float", "Input should be a valid integer, got a number with a fractional part".into()))
+            } else if x.abs() > i64::MAX as f64 {
+                Err(("int_parsing_size", "Unable to parse input string as an integer, exceeded maximum size".into()))
+            } else {
+                Ok(x as i128)
+            }
+        }
+        Value::String(s) => parse_int_str(s.trim()).ok_or(("int_parsing", PARSING.into())),
+        _ => Err(("int_type", "Input should be a valid integer".into())),
+    }
+}
+
+fn parse_int_str(t: &str) -> Option<i128> {
+    let (neg, body) = match t.as_bytes().first()? {
+        b'-' => (true, &t[1..]),
+        b'+' => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let (int, frac) = match body.split_once('.') {
+        Some((i, f)) if !f.is_empty() && f.bytes().all(|c| c == b'0') => (i, true),
+        Some(_) => return None,
+        None => (body, false),
+    };
+    let _ = frac;
+    let b = int.as_bytes();
+    if b.is_empty() || !b[0].is_ascii_digit() || !b[b.len() - 1].is_ascii_digit() {
+        return None;
+    }
+    if b.windows(2).any(|w| w[0] == b'_' && w[1] == b'_') || !b.iter().all(|c| c.is_ascii_digit() || *c == b'_') {
+        return None;
+    }
+    let digits: String = int.chars().filter(|c| *c != '_').collect();
+    let n: i128 = digits.parse().ok()?;
+    Some(if neg { -n } else { n })
+}
+
+/// A float as pydantic reads one: a number, a bool, or a string Python's
+/// float() takes.
+pub fn lax_float(v: &Value) -> Coerced<f64> {
+    match v {
+        Value::Bool(b) => Ok(*b as u8 as f64),
+        Value::Number(n) => Ok(n.as_f64().unwrap_or(f64::NAN)),
+        Value::String(s) => s.trim().parse::<f64>().map_err(|_| {
+            ("float_parsing", "Input should be a valid number, unable to parse string as a number".into())
+        }),
+        _ => Err(("float_type", "Input should be a valid number".into())),
+    }
+}
+
+/// A bool as pydantic reads one: true/false, 0/1 (int or float), or one of
+/// its words in any case (no surrounding spaces).
+pub fn lax_bool(v: &Value) -> Coerced<bool> {
+    const PARSING: &str = "Input should be a valid boolean, unable to interpret input";
+    match v {
+        Value::Bool(b) => Ok(*b),
+        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(0), _) => Ok(false),
+            (Some(1), _) => Ok(true),
+            (Some(_), _) => Err(("bool_parsing", PARSING.into())),
+            (None, Some(0.0)) => Ok(false),
+            (None, Some(1.0)) => Ok(true),
+            _ => Err(("bool_type", "Input should be a valid boolean".into())),
+        },
+        Value::String(s) => match s.to_ascii_lowercase().as_str() {
+            "0" | "off" | "f" | "false" | "n" | "no" => Ok(false),
+            "1" | "on" | "t" | "true" | "y" | "yes" => Ok(true),
+            _ => Err(("bool_parsing", PARSING.into())),
+        },
+        _ => Err(("bool_type", "Input should be a valid boolean".into())),
+    }
+}
+
+fn fmt_bound(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{}", x as i64)
+    } else {
+        format!("{x}")
+    }
+}
+
+/// pydantic checks le, lt, ge, gt in this order; NaN fails them all.
+fn check_bounds(x: f64, b: &Bounds) -> Result<(), (&'static str, String)> {
+    let checks = [
+        (b.le, "less_than_equal", "less than or equal to", x <= b.le.unwrap_or(0.0)),
+        (b.lt, "less_than", "less than", x < b.lt.unwrap_or(0.0)),
+        (b.ge, "greater_than_equal", "greater than or equal to", x >= b.ge.unwrap_or(0.0)),
+        (b.gt, "greater_than", "greater than", x > b.gt.unwrap_or(0.0)),
+    ];
+    for (bound, kind, words, holds) in checks {
+        if let Some(v) = bound {
+            if !holds {
+                return Err((kind, format!("Input should be {words} {}", fmt_bound(v))));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn quoted_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        _ => format!("{} or {}", items[..items.len() - 1].join(", "), items[items.len() - 1]),
+    }
+}
+
+/// A validated value the model validators look at.
+#[derive(Clone, Debug, PartialEq)]
+enum Val {
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    Str(String),
+    Other,
+}
+
+struct Walk<'a> {
+    out: &'a mut Vec<Violation>,
+}
+
+impl Walk<'_> {
+    fn err(&mut self, loc: &[String], kind: &str, msg: impl Into<String>, input: Option<&Value>) {
+        self.out.push(Violation::new(loc, kind, msg, input));
+    }
+
+    fn field(&mut self, loc: &[String], kind: Kind, v: &Value, optional: bool) -> Option<Val> {
+        if v.is_null() && optional {
+            return Some(Val::Other);
+        }
+        let before = self.out.len();
+        let val = match kind {
+            Kind::Bool => lax_bool(v).map(Val::Bool).map_err(|e| self.err(loc, e.0, e.1, Some(v))).ok(),
+            Kind::Int(b) => match lax_int(v) {
+                Ok(i) => match check_bounds(i as f64, &b) {
+                    Ok(()) => Some(Val::Int(i)),
+                    Err(e) => {
+                        self.err(loc, e.0, e.1, Some(v));
+                        None
+                    }
+                },
+                Err(e) => {
+                    self.err(loc, e.0, e.1, Some(v));
+                    None
+                }
+            },
+            Kind::Float(b) => match lax_float(v) {
+                Ok(x) => match check_bounds(x, &b) {
+                    Ok(()) => Some(Val::Float(x)),
+                    Err(e) => {
+                        self.err(loc, e.0, e.1, Some(v));
+                        None
+                    }
+                },
+                Err(e) => {
+                    self.err(loc, e.0, e.1, Some(v));
+                    None
+                }
+            },
+            Kind::StrEnum(values) => match v.as_str().filter(|s| values.contains(s)) {
+                Some(s) => Some(Val::Str(s.to_string())),
+                None => {
+                    let list: Vec<String> = values.iter().map(|s| format!("'{s}'")).collect();
+                    self.err(loc, "enum", format!("Input should be {}", quoted_list(&list)), Some(v));
+                    None
+                }
+            },
+            Kind::IntEnum(values) => match lax_int(v).ok().filter(|i| values.iter().any(|x| *x as i128 == *i)) {
+                Some(i) => Some(Val::Int(i)),
+                None => {
+                    let list: Vec<String> = values.iter().map(|s| s.to_string()).collect();
+                    self.err(loc, "enum", format!("Input should be {}", quoted_list(&list)), Some(v));
+                    None
+                }
+            },
+            Kind::Path => match v {
+                Value::String(s) => Some(Val::Str(s.clone())),
+                _ => {
+                    self.err(loc, "path_type", "Input is not a valid path", Some(v));
+                    None
+                }
+            },
+            Kind::Str => match v {
+                Value::String(s) => Some(Val::Str(s.clone())),
+                _ => {
+                    self.err(loc, "string_type", "Input should be a valid string", Some(v));
+                    None
+                }
+            },
+            Kind::StrOrInt => match v {
+                Value::String(s) => Some(Val::Str(s.clone())),
+                _ => match lax_int(v) {
+                    Ok(i) => Some(Val::Int(i)),
+                    Err(_) => {
+                        self.err(loc, "string_type", "Input should be a valid string or integer", Some(v));
+                        None
+                    }
+                },
+            },
+            Kind::StrList => match v {
+                Value::String(_) => Some(Val::Other),
+                Value::Array(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        if !item.is_string() {
+                            let mut l = loc.to_vec();
+                            l.push(i.to_string());
+                            self.err(&l, "string_type", "Input should be a valid string", Some(item));
+                        }
+                    }
+                    Some(Val::Other)
+                }
+                _ => {
+                    self.err(loc, "list_type", "Input should be a valid list", Some(v));
+                    None
+                }
+            },
+            Kind::Model(m) => {
+                if std::ptr::eq(m, &LEAF_MODULE) && v.is_null() {
+                    return Some(Val::Other);
+                }
+                match v {
+                    Value::Object(obj) => {
+                        self.model(loc, m, obj);
+                        Some(Val::Other)
+                    }
+                    _ if std::ptr::eq(m, &LEAF_MODULE) => {
+                        self.err(
+                            loc,
+                            "type_error",
+                            "leaf_module configuration must be a mapping of fields to values",
+                            Some(v),
+                        );
+                        None
+                    }
+                    _ => {
+                        self.err(
+                            loc,
+                            "model_type",
+                            format!("Input should be a valid dictionary or instance of {}", m.class),
+                            Some(v),
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        if self.out.len() > before {
+            None
+        } else {
+            val
+        }
+    }
+
+    /// One model's fields; then, when they are all valid, its validators.
+    /// Returns the values given (by field name) and the fields given.
+    fn model(&mut self, loc: &[String], m: &'static Model, obj: &Map<String, Value>) -> Vec<(&'static str, Val)> {
+        let before = self.out.len();
+        let mut given = Vec::new();
+        for (key, v) in obj {
+            let mut l = loc.to_vec();
+            l.push(key.clone());
+            let field = m.fields.iter().find(|f| f.alias == Some(key.as_str()) || f.name == key);
+            let Some(field) = field else {
+                let mut e = Violation::new(&l, "extra_forbidden", "Extra inputs are not permitted", Some(v));
+                e.fields = m.fields.iter().map(|f| f.alias.unwrap_or(f.name).to_string()).collect();
+                self.out.push(e);
+                continue;
+            };
+            // With both the alias and the name given, pydantic takes the
+            // alias and calls the name an extra input.
+            if field.alias.is_some() && key == field.name && obj.contains_key(field.alias.unwrap_or("")) {
+                let mut e = Violation::new(&l, "extra_forbidden", "Extra inputs are not permitted", Some(v));
+                e.fields = m.fields.iter().map(|f| f.alias.unwrap_or(f.name).to_string()).collect();
+                self.out.push(e);
+                continue;
+            }
+            if is_auto(v) {
+                continue;
+            }
+            if let Some(val) = self.field(&l, field.kind, v, field.optional) {
+                given.push((field.name, val));
+            } else {
+                given.push((field.name, Val::Other));
+            }
+        }
+        if self.out.len() > before {
+            return given;
+        }
+        if std::ptr::eq(m, &ZENFLOW) {
+            self.zenflow(loc, &given);
+        }
+        given
+    }
+
+    fn zenflow(&mut self, loc: &[String], given: &[(&str, Val)]) {
+        let get = |n: &str| given.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone());
+        let mut fail = |msg: &str| self.err(loc, "value_error", format!("Value error, {msg}"), None);
+        if let Some(Val::Str(s)) = get("select_strategy") {
+            if !["auto", "step", "epoch"].contains(&s.as_str()) {
+                return fail("select_strategy must be one of \"auto\", \"step\", or \"epoch\"");
+            }
+        }
+        if let Some(Val::Str(s)) = get("select_interval") {
+            if s != "auto" {
+                return fail("If select_interval is a string, it must be \"auto\"");
+            }
+        }
+        match get("update_interval") {
+            Some(Val::Str(s)) if s != "auto" => fail("If update_interval is a string, it must be \"auto\""),
+            Some(Val::Int(i)) if i < 1 => fail("If update_interval is a number, it must be at least 1"),
+            _ => {}
+        }
+    }
+}
+
+/// The errors DeepSpeed 0.19.8 raises on the config's `zero_optimization`
+/// section, as `DeepSpeedConfig` meets them (removed keys, then the model:
+/// every field error at once, then the first validator or deprecated-key
+/// check that fails).
+pub fn check_zero(config: &Value) -> Vec<Violation> {
+    let top = vec!["zero_optimization".to_string()];
+    let mut out = Vec::new();
+    let zero = match config.get("zero_optimization") {
+        None => return out,
+        Some(Value::Object(o)) => o.clone(),
+        // The old format: `"zero_optimization": true` is stage 1, with the
+        // top-level `allgather_size` as its bucket.
+        Some(Value::Bool(b)) => {
+            let mut o = Map::new();
+            o.insert("stage".into(), Value::from(*b as u8));
+            if *b {
+                o.insert(
+                    "allgather_bucket_size".into(),
+                    config.get("allgather_size").cloned().unwrap_or(Value::from(500_000_000u64)),
+                );
+            }
+            o
+        }
+        Some(other) => {
+            out.push(Violation::new(
+                &top,
+                "not_a_mapping",
+                format!(
+                    "DeepSpeedZeroConfig(**zero_config_dict) raises TypeError: argument after ** must be a mapping, \
+                     not {}",
+                    python_type(other)
+                ),
+                Some(other),
+            ));
+            return out;
+        }
+    };
+    for (key, msg) in REMOVED_ZERO_KEYS {
+        if zero.contains_key(*key) {
+            let mut loc = top.clone();
+            loc.push(key.to_string());
+            out.push(Violation::new(&loc, "removed", format!("DeepSpeedConfigError: {msg}"), zero.get(*key)));
+            return out;
+        }
+    }
+    let given = Walk { out: &mut out }.model(&top, &ZERO, &zero);
+    if !out.is_empty() {
+        return out;
+    }
+    let get = |n: &str| given.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone());
+    let stage = match get("stage") {
+        Some(Val::Int(i)) => i,
+        _ => 0,
+    };
+    // The model validators, in DeepSpeed's order.
+    if get("compute_grad_norm") == Some(Val::Bool(false)) && !(stage == 1 || stage == 2) {
+        out.push(Violation::new(
+            &top,
+            "value_error",
+            "Value error, compute_grad_norm=false is supported only with ZeRO Stage 1 or 2",
+            None,
+        ));
+        return out;
+    }
+    let ratio = zero
+        .get("offload_optimizer")
+        .and_then(|o| o.get("ratio"))
+        .filter(|r| !is_auto(r))
+        .and_then(|r| lax_float(r).ok());
+    if ratio.is_some_and(|r| r < 1.0) && stage != 3 {
+        out.push(Violation::new(
+            &top,
+            "assertion_error",
+            "Assertion failed, Partial offloading only supported for ZeRO Stage 3.",
+            None,
+        ));
+        return out;
+    }
+    // Deprecated keys set their replacement, which must not be given too.
+    for field in ZERO.fields.iter().filter(|f| f.replaced_by.is_some()) {
+        let new = field.replaced_by.unwrap_or("");
+        let new_given = given.iter().any(|(k, _)| *k == new);
+        if given.iter().any(|(k, _)| *k == field.name) && new_given {
+            let mut loc = top.clone();
+            loc.push(field.name.to_string());
+            out.push(Violation::new(
+                &loc,
+                "deprecated",
+                format!(
+                    "AssertionError: Cannot provide deprecated parameter '{}' and replacing parameter '{new}' together",
+                    field.name
+                ),
+                zero.get(field.name),
+            ));
+            return out;
+        }
+    }
+    out
+}
+
+/// Python's name for a JSON value's type, as DeepSpeed's messages show it.
+pub fn python_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "NoneType",
+        Value::Bool(_) => "bool",
+        Value::Number(n) if n.is_f64() => "float",
+        Value::Number(_) => "int",
+        Value::String(_) => "str",
+        Value::Array(_) => "list",
+        Value::Object(_) => "dict",
+    }
+}
+
+/// The `aio` keys DeepSpeed reads, with its defaults (`swap_tensor/constants.py`).
+pub const AIO_KEYS: [(&str, AioType); 6] = [
+    ("block_size", AioType::Int),
+    ("queue_depth", AioType::Int),
+    ("intra_op_parallelism", AioType::Int),
+    ("single_submit", AioType::Bool),
+    ("overlap_events", AioType::Bool),
+    ("use_gds", AioType::Flag),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AioType {
+    /// A C++ `int` through pybind11: a Python int or bool in int's range.
+    Int,
+    /// A C++ `bool` through pybind11 (conversion allowed): None, bool, int
+    /// or float, by truth value; a str or list is refused.
+    Bool,
+    /// Only tested for truth by DeepSpeed (`if aio_config[use_gds]`).
+    Flag,
+}
+
+/// Python's truth value of a JSON value.
+pub fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|x| x != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+/// The `aio` block as `aio_handle(...)` gets it: each value raw (DeepSpeed
+/// does not coerce), as DeepSpeed's binding converts it. `Err` is the
+/// binding's refusal of that key.
+pub fn aio_value(key: &str, v: &Value) -> Result<i64, String> {
+    let ty = AIO_KEYS.iter().find(|(k, _)| *k == key).map(|(_, t)| *t).unwrap_or(AioType::Flag);
+    let int_range = |i: i64| (i32::MIN as i64..=i32::MAX as i64).contains(&i);
+    match (ty, v) {
+        (AioType::Int, Value::Bool(b)) => Ok(*b as i64),
+        (AioType::Int, Value::Number(n)) if n.as_i64().is_some_and(int_range) => Ok(n.as_i64().unwrap_or(0)),
+        (AioType::Int, Value::Number(n)) if n.is_f64() => {
+            Err(format!("{n} is a float (JSON numbers with a point or exponent are), and the binding takes an int"))
+        }
+        (AioType::Int, Value::Number(n)) => Err(format!("{n} does not fit a C int")),
+        (AioType::Int, other) => Err(format!("{other} is a {}, and the binding takes an int", python_type(other))),
+        (AioType::Bool, Value::String(_) | Value::Array(_) | Value::Object(_)) => {
+            Err(format!("{v} is a {}, and the binding takes a bool (true or false)", python_type(v)))
+        }
+        (_, v) => Ok(truthy(v) as i64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn keys(v: Value) -> Vec<String> {
+        check_zero(&json!({ "zero_optimization": v })).iter().map(Violation::key).collect()
+    }
+
+    #[test]
+    fn lax_mode_coercions_are_pydantics() {
+        for ok in
+            [json!(8), json!("8"), json!(" 8"), json!("+8"), json!("8_000"), json!("8.00"), json!(8.0), json!(true)]
+        {
+            assert!(lax_int(&ok).is_ok(), "{ok}");
+        }
+        for bad in
+            [json!("five"), json!("1e8"), json!("8."), json!("8.5"), json!(8.5), json!(""), json!(null), json!("0x10")]
+        {
+            assert!(lax_int(&bad).is_err(), "{bad}");
+        }
+        assert_eq!(lax_int(&json!(1e20)).unwrap_err().0, "int_parsing_size");
+        for ok in ["yes", "Y", "on", "TRUE", "0", "f"] {
+            assert!(lax_bool(&json!(ok)).is_ok(), "{ok}");
+        }
+        assert_eq!(lax_bool(&json!("yes")), Ok(true));
+        assert_eq!(lax_bool(&json!(1.0)), Ok(true));
+        for bad in [json!(" true"), json!("2"), json!(2), json!(0.5), json!(null), json!("1.0")] {
+            assert!(lax_bool(&bad).is_err(), "{bad}");
+        }
+        assert_eq!(lax_float(&json!(" 0.5")), Ok(0.5));
+        assert!(lax_float(&json!("")).is_err());
+    }
+
+    #[test]
+    fn the_issues_configs() {
+        let nvme = |extra: Value| {
+            let mut o = json!({"device": "nvme", "nvme_path": "/x"});
+            o.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            json!({"stage": 3, "offload_param": o})
+        };
+        assert_eq!(
+            keys(json!({"stage": 3, "offload_param": {"device": "NVMe"}})),
+            ["zero_optimization.offload_param.device"]
+        );
+        assert_eq!(
+            keys(json!({"stage": 3, "offload_param": {"device": "nvme "}})),
+            ["zero_optimization.offload_param.device"]
+        );
+        assert_eq!(keys(nvme(json!({"buffer_count": "five"}))), ["zero_optimization.offload_param.buffer_count"]);
+        assert!(keys(nvme(json!({"pin_memory": "yes", "buffer_count": "8", "buffer_size": 1e8}))).is_empty());
+        assert!(keys(nvme(json!({"buffer_count": "auto"}))).is_empty());
+        assert_eq!(keys(nvme(json!({"buffer_size": "1e8"}))), ["zero_optimization.offload_param.buffer_size"]);
+        let e = check_zero(&json!({"zero_optimization": nvme(json!({"thread_count": 2}))}));
+        assert_eq!(e[0].kind, "extra_forbidden");
+        assert!(e[0].fields.contains(&"buffer_count".to_string()));
+    }
+
+    #[test]
+    fn validators_aliases_deprecations_and_removed_keys() {
+        assert_eq!(keys(json!({"compute_grad_norm": false})), ["zero_optimization"]);
+        assert!(keys(json!({"stage": 1, "compute_grad_norm": false})).is_empty());
+        assert_eq!(keys(json!({"stage": 2, "offload_optimizer": {"ratio": "0.5"}})), ["zero_optimization"]);
+        assert!(keys(json!({"stage3_prefetch_bucket_size": 5})).is_empty());
+        assert!(keys(json!({"prefetch_bucket_size": 5})).is_empty());
+        assert_eq!(
+            keys(json!({"prefetch_bucket_size": 5, "stage3_prefetch_bucket_size": 6})),
+            ["zero_optimization.prefetch_bucket_size"]
+        );
+        assert_eq!(
+            keys(json!({"cpu_offload": false, "offload_optimizer": {"device": "cpu"}})),
+            ["zero_optimization.cpu_offload"]
+        );
+        assert!(keys(json!({"cpu_offload": true})).is_empty());
+        assert_eq!(keys(json!({"mics_shard_size": 2})), ["zero_optimization.mics_shard_size"]);
+        assert_eq!(keys(json!({"stage": 4})), ["zero_optimization.stage"]);
+        assert!(keys(json!({"stage": "3"})).is_empty());
+        assert_eq!(keys(json!({"zenflow": {"update_interval": 0}})), ["zero_optimization.zenflow"]);
+        assert!(keys(json!({"leaf_module": {"classes": "a"}})).is_empty());
+        assert_eq!(keys(json!({"leaf_module": {"classes": [1]}})), ["zero_optimization.leaf_module.classes.0"]);
+        assert_eq!(check_zero(&json!({"zero_optimization": "x"}))[0].kind, "not_a_mapping");
+        assert!(check_zero(&json!({"zero_optimization": true})).is_empty());
+    }
+
+    #[test]
+    fn aio_values_as_the_binding_converts_them() {
+        assert_eq!(aio_value("queue_depth", &json!(8)), Ok(8));
+        assert_eq!(aio_value("queue_depth", &json!(true)), Ok(1));
+        assert!(aio_value("queue_depth", &json!("8")).is_err());
+        assert!(aio_value("block_size", &json!(1e6)).unwrap_err().contains("float"));
+        assert!(aio_value("block_size", &json!(1u64 << 31)).is_err());
+        assert_eq!(aio_value("single_submit", &json!(null)), Ok(0));
+        assert_eq!(aio_value("single_submit", &json!(2)), Ok(1));
+        assert!(aio_value("single_submit", &json!("yes")).is_err());
+        assert_eq!(aio_value("use_gds", &json!("false")), Ok(1));
+    }
+}

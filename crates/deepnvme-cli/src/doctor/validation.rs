@@ -1,0 +1,436 @@
+//! The `config` section: what the DeepSpeed config asks for, and whether
+//! DeepSpeed takes it. Where the job's Python has DeepSpeed, its own code
+//! decides (`config_probe.py`: `DeepSpeedZeroConfig`, `get_aio_config`, and
+//! `aio_handle(...)` called as the swappers call it); otherwise the table
+//! of DeepSpeed 0.19.8's rules in `ds_rules`. Each error is a FAIL naming
+//! the key, DeepSpeed's message and what to write instead. A value DeepSpeed
+//! accepts is never one (`"yes"` for a bool, `"8"` for an int, `"auto"`).
+//! Also here: an NVMe offload without `nvme_path` (DeepSpeed fails when the
+//! swapper starts), and what DeepSpeed accepts but ignores.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::config::{Aio, DsConfig, NvmeOffload};
+use super::ds_rules::{self, Violation};
+use super::report::{Finding, Status};
+use super::Context;
+use crate::runner::AioConfig;
+
+const SECTION: &str = "config";
+
+/// Who decided: DeepSpeed itself, or the table.
+enum Source {
+    DeepSpeed { version: String, python: String, handle: Option<String> },
+    Table { why: String },
+}
+
+impl Source {
+    fn why(&self) -> String {
+        match self {
+            Source::DeepSpeed { version, python, .. } => format!(
+                "DeepSpeed {version}'s own validation in {python} (DeepSpeedZeroConfig, get_aio_config, as \
+                 deepspeed.initialize runs them) refuses it, so the job stops before training"
+            ),
+            Source::Table { why } => format!(
+                "DeepSpeed 0.19.8 refuses it (the doctor's table of its rules: {why}), so deepspeed.initialize \
+                 stops the job before training"
+            ),
+        }
+    }
+}
+
+/// DeepSpeed's errors from the probe, when it ran with DeepSpeed.
+fn from_probe(ctx: &Context) -> Result<(Source, Vec<Violation>, Option<bool>), String> {
+    let p = ctx.python_probe().as_ref().map_err(|e| format!("no report from Python: {e}"))?;
+    let python = p.python.display().to_string();
+    if let Some(e) = p.raw.get("config_check_error").and_then(Value::as_str) {
+        return Err(format!("DeepSpeed's validation could not run in {python}: {e}"));
+    }
+    let check = p.raw.get("config_check").ok_or_else(|| format!("{python} reported no config check"))?;
+    let Some(version) = check.get("deepspeed").and_then(Value::as_str) else {
+        return Err(format!("no deepspeed in {python}"));
+    };
+    let errors = check.get("errors").and_then(Value::as_array).cloned().unwrap_or_default();
+    let violations = errors
+        .iter()
+        .map(|e| Violation {
+            loc: e["loc"]
+                .as_array()
+                .map(|l| l.iter().filter_map(Value::as_str).map(String::from).collect())
+                .unwrap_or_default(),
+            kind: e["kind"].as_str().unwrap_or("").to_string(),
+            msg: e["msg"].as_str().unwrap_or("").to_string(),
+            input: e.get("input").filter(|v| !v.is_null()).cloned(),
+            fields: e["fields"]
+                .as_array()
+                .map(|l| l.iter().filter_map(Value::as_str).map(String::from).collect())
+                .unwrap_or_default(),
+        })
+        .collect();
+    let handle = check.get("aio_handle");
+    let tried = handle.and_then(|h| h.get("tried")).and_then(Value::as_bool);
+    let note = handle.and_then(|h| h.get("op").or(h.get("why_not"))).and_then(Value::as_str).map(String::from);
+    Ok((Source::DeepSpeed { version: version.to_string(), python, handle: note }, violations, tried))
+}
+
+/// Whether DeepSpeed would pick its CUDA accelerator here: `DS_ACCELERATOR`,
+/// else a GPU the NVIDIA driver lists (DeepSpeed asks torch.cuda).
+fn cuda_accelerator() -> bool {
+    match std::env::var("DS_ACCELERATOR") {
+        Ok(a) if !a.is_empty() => a == "cuda",
+        _ => std::fs::read_dir("/proc/driver/nvidia/gpus").is_ok_and(|mut d| d.next().is_some()),
+    }
+}
+
+/// Whether anything creates an `aio_handle`: an NVMe offload at stage 3.
+fn uses_aio(cfg: &DsConfig) -> bool {
+    cfg.swaps() && cfg.stage == Some(3)
+}
+
+/// The table's errors: `zero_optimization`, then the `aio` block.
+fn from_table(cfg: &DsConfig) -> Vec<Violation> {
+    let mut out = ds_rules::check_zero(&cfg.raw);
+    let aio = cfg.raw.get("aio").filter(|a| !a.is_null());
+    let loc = |k: &str| vec!["aio".to_string(), k.to_string()];
+    match aio {
+        None => {}
+        Some(Value::Object(a)) => {
+            if a.get("use_gds").is_some_and(ds_rules::truthy) && !cuda_accelerator() {
+                out.push(Violation {
+                    loc: loc("use_gds"),
+                    kind: "assertion_error".into(),
+                    msg: "AssertionError: GDS currently only supported for CUDA accelerator".into(),
+                    input: a.get("use_gds").cloned(),
+                    fields: Vec::new(),
+                });
+                return out;
+            }
+            if !out.is_empty() || !uses_aio(cfg) || cfg.aio.use_gds {
+                return out;
+            }
+            // aio_handle(...): the binding's types first, then the values.
+            let mut typed = true;
+            for (key, _) in ds_rules::AIO_KEYS.iter().filter(|(k, _)| *k != "use_gds") {
+                if let Some(Err(why)) = a.get(*key).map(|v| ds_rules::aio_value(key, v)) {
+                    typed = false;
+                    out.push(Violation {
+                        loc: loc(key),
+                        kind: "aio_handle".into(),
+                        msg: format!("TypeError: aio_handle(): incompatible constructor arguments: {key} = {why}"),
+                        input: a.get(*key).cloned(),
+                        fields: Vec::new(),
+                    });
+                }
+            }
+            if typed {
+                let d = Aio::default();
+                let value = |k: &str, def: i64| a.get(k).and_then(|v| ds_rules::aio_value(k, v).ok()).unwrap_or(def);
+                let knobs = |k: &str| {
+                    let one = |key: &str, def: i64| if key == k { value(key, def) } else { def };
+                    AioConfig {
+                        block_size: one("block_size", d.block_size as i64).max(0) as usize,
+                        queue_depth: one("queue_depth", d.queue_depth as i64).max(0) as usize,
+                        single_submit: false,
+                        overlap_events: true,
+                        parallelism: one("intra_op_parallelism", d.intra_op_parallelism as i64).max(0) as usize,
+                    }
+                };
+                for key in ["block_size", "queue_depth", "intra_op_parallelism"] {
+                    // As the handle says it: positive first, then the core's limits.
+                    let given = a.get(key).and_then(|v| ds_rules::aio_value(key, v).ok());
+                    let refused = match given {
+                        Some(v) if v <= 0 => Some(format!("{key} must be positive, got {v}")),
+                        _ => knobs(key).check(None).err(),
+                    };
+                    if let Some(e) = refused {
+                        out.push(Violation {
+                            loc: loc(key),
+                            kind: "aio_handle".into(),
+                            msg: format!("RuntimeError: invalid argument: {e}"),
+                            input: a.get(key).cloned(),
+                            fields: Vec::new(),
+                        });
+                    }
+                }
+            }
+        }
+        Some(other) => out.push(Violation {
+            loc: vec!["aio".into()],
+            kind: "type_error".into(),
+            msg: format!("AttributeError: '{}' object has no attribute 'get'", ds_rules::python_type(other)),
+            input: Some(other.clone()),
+            fields: Vec::new(),
+        }),
+    }
+    out
+}
+
+/// The closest of `fields` to `key` (ignoring case and `-`/`_`): within two
+/// edits, or one edit in five letters.
+fn nearest<'a>(key: &str, fields: &'a [String]) -> Option<&'a str> {
+    let norm = |s: &str| s.to_ascii_lowercase().replace('-', "_");
+    let k = norm(key);
+    let distance = |a: &str, b: &str| {
+        let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for i in 1..=a.len() {
+            let mut prev = row[0];
+            row[0] = i;
+            for j in 1..=b.len() {
+                let cur = row[j];
+                row[j] = (row[j] + 1).min(row[j - 1] + 1).min(prev + usize::from(a[i - 1] != b[j - 1]));
+                prev = cur;
+            }
+        }
+        row[b.len()]
+    };
+    fields
+        .iter()
+        .map(|f| (distance(&k, &norm(f)), f))
+        .filter(|(d, f)| (*d <= 2 && *d < f.len() / 2) || *d * 5 <= f.len())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, f)| f.as_str())
+}
+
+/// What to write instead, from the kind of error.
+fn fix_for(v: &Violation, config: &Path) -> String {
+    let key = v.key();
+    let last = v.loc.last().map(String::as_str).unwrap_or("");
+    let file = config.display();
+    match v.kind.as_str() {
+        "enum" if last == "device" => {
+            format!("write \"device\": \"nvme\" (or \"cpu\", \"none\"): lowercase, no spaces, in {file}")
+        }
+        "enum" => format!("use one of the values the message lists for {key}"),
+        "int_parsing" | "int_type" | "int_from_float" | "int_parsing_size" | "finite_number" => format!(
+            "write {key} as a whole number (a JSON number such as 5 or 1e8, or a string of digits), or \"auto\" \
+             for DeepSpeed's default"
+        ),
+        "bool_parsing" | "bool_type" => format!("write {key} as true or false"),
+        "float_parsing" | "float_type" => format!("write {key} as a number"),
+        "greater_than_equal" | "greater_than" | "less_than_equal" | "less_than" => {
+            format!("bring {key} into range ({})", v.msg.trim_start_matches("Input should be "))
+        }
+        "extra_forbidden" => {
+            let hint = nearest(last, &v.fields).map(|n| format!("did you mean \"{n}\"? ")).unwrap_or_default();
+            format!(
+                "{hint}remove or rename {key}: DeepSpeed refuses keys it does not know here{}",
+                if v.fields.is_empty() { String::new() } else { format!(" (it takes: {})", v.fields.join(", ")) }
+            )
+        }
+        "model_type" | "not_a_mapping" => format!("make {key} a JSON object ({{...}}), or remove it"),
+        "path_type" => format!("write {key} as a folder path string"),
+        "string_type" | "list_type" => format!("write {key} as the message asks"),
+        "removed" => format!("remove {key}: DeepSpeed 0.19.8 no longer has it"),
+        "deprecated" => format!("remove the deprecated {key}; keep the key that replaces it"),
+        "assertion_error" if key == "aio.use_gds" => {
+            "no CUDA accelerator here (no GPU, or DS_ACCELERATOR names another): set \"use_gds\": false in the aio \
+             block, or run where DeepSpeed finds a GPU"
+                .into()
+        }
+        "aio_handle" if v.msg.contains("TypeError") => {
+            format!("write {key} as {} (a JSON number without a point, or true/false)", aio_type_word(last))
+        }
+        "aio_handle" => format!(
+            "give {key} a value aio_handle accepts: {}",
+            v.msg.trim_start_matches("RuntimeError: invalid argument: ")
+        ),
+        _ if v.msg.contains("compute_grad_norm") => {
+            "set compute_grad_norm true (the default), or use ZeRO stage 1 or 2".into()
+        }
+        _ if v.msg.contains("Partial offloading") => {
+            "set offload_optimizer.ratio to 1.0, or use ZeRO stage 3 for partial offload".into()
+        }
+        _ => format!("edit {key} in {file} as DeepSpeed's message says"),
+    }
+}
+
+fn aio_type_word(key: &str) -> &'static str {
+    match ds_rules::AIO_KEYS.iter().find(|(k, _)| *k == key).map(|(_, t)| *t) {
+        Some(ds_rules::AioType::Int) => "an integer",
+        _ => "true or false",
+    }
+}
+
+fn violation_finding(v: &Violation, source: &Source, config: &Path) -> Finding {
+    let key = v.key();
+    let input = v.input.as_ref().map(|i| format!(" = {i}")).unwrap_or_default();
+    let check = if v.kind == "aio_handle" { "aio_handle" } else { "validation" };
+    let why = if v.kind == "aio_handle" {
+        format!(
+            "DeepSpeed reads the aio block as written and passes it to aio_handle(...) when a swapper starts, \
+             which refuses it; {}",
+            match source {
+                Source::DeepSpeed { handle: Some(op), .. } => format!("called with it here, {op} raised"),
+                _ => "the job dies when DeepSpeed initializes ZeRO-3".to_string(),
+            }
+        )
+    } else {
+        source.why()
+    };
+    Finding::fail(SECTION, check, format!("DeepSpeed refuses {key}{input}: {}", v.msg))
+        .why(why)
+        .fix(fix_for(v, config))
+        .key(key)
+}
+
+/// The summary of what the config asks for.
+fn offload_finding(cfg: &DsConfig) -> Finding {
+    let offload = |name: &str, o: &Option<NvmeOffload>| match o {
+        Some(o) => format!(
+            "{name} to {} ({} buffers{})",
+            o.nvme_path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "?".into()),
+            o.buffer_count,
+            if name == "parameters" { format!(" of {} elements", o.buffer_size) } else { String::new() }
+        ),
+        None => format!("{name} not to NVMe"),
+    };
+    let a = &cfg.aio;
+    let f = Finding::ok(
+        SECTION,
+        "offload",
+        format!(
+            "ZeRO stage {}: {}; {}",
+            cfg.stage.map(|s| s.to_string()).unwrap_or_else(|| "?".into()),
+            offload("parameters", &cfg.param),
+            offload("optimizer state", &cfg.optimizer)
+        ),
+    )
+    .why(format!(
+        "aio{}: block_size {}, queue_depth {}, intra_op_parallelism {}, single_submit {}, overlap_events {}, \
+         use_gds {}; model dtype {}",
+        if cfg.aio_given { "" } else { " (no block: DeepSpeed's defaults)" },
+        a.block_size,
+        a.queue_depth,
+        a.intra_op_parallelism,
+        a.single_submit,
+        a.overlap_events,
+        a.use_gds,
+        cfg.model_dtype
+    ));
+    if cfg.swaps() {
+        f
+    } else {
+        let mut f = f.why("nothing goes to NVMe: no offload_param or offload_optimizer has device nvme");
+        f.status = Status::Warn;
+        f.fix("set \"device\": \"nvme\" and \"nvme_path\" in zero_optimization.offload_param or offload_optimizer")
+    }
+}
+
+/// NVMe offload without a folder: DeepSpeed accepts the config, then the
+/// swapper fails when it starts.
+fn missing_paths(cfg: &DsConfig) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if cfg.stage != Some(3) {
+        return out;
+    }
+    for o in cfg.offloads().filter(|o| o.nvme_path.is_none()) {
+        let why = if o.block.ends_with("offload_param") {
+            "zero.Init asserts it: \"nvme_path\" in DeepSpeed Config cannot be None if remote device is nvme"
+        } else {
+            "stage3.py's _configure_tensor_swapping calls os.path.join(nvme_path, 'zero_stage_3'): TypeError, \
+             expected str, bytes or os.PathLike object, not NoneType"
+        };
+        out.push(
+            Finding::fail(SECTION, "nvme_path", format!("{} has device nvme but no nvme_path", o.block))
+                .why(format!("DeepSpeed accepts the config, then fails when the swapper starts: {why}"))
+                .fix(format!("add \"nvme_path\": \"/path/on/the/nvme/drive\" to {}", o.block))
+                .key(o.path_key()),
+        );
+    }
+    out
+}
+
+pub fn check(ctx: &Context) -> Vec<Finding> {
+    let Some(cfg) = ctx.config.as_ref() else { return Vec::new() };
+    let mut out = vec![offload_finding(cfg)];
+    let (source, violations, handle_tried) = match from_probe(ctx) {
+        Ok(found) => found,
+        Err(why) => (Source::Table { why }, from_table(cfg), None),
+    };
+    for v in &violations {
+        out.push(violation_finding(v, &source, &cfg.path));
+    }
+    if violations.is_empty() {
+        let what = match &source {
+            Source::DeepSpeed { version, python, handle } => format!(
+                "DeepSpeed {version} in {python} accepts zero_optimization and aio{}",
+                match (handle_tried, handle) {
+                    (Some(true), Some(op)) => format!(", and {op}.aio_handle(...) takes the aio block"),
+                    (_, Some(why)) => format!(" (aio_handle not tried: {why})"),
+                    _ => String::new(),
+                }
+            ),
+            Source::Table { why } => format!(
+                "zero_optimization and aio follow DeepSpeed 0.19.8's rules (the doctor's table; {why}: pass \
+                 --python with the job's Python to ask DeepSpeed itself)"
+            ),
+        };
+        out.push(Finding::ok(SECTION, "validation", what));
+    }
+    out.extend(missing_paths(cfg));
+    if cfg.checkpoint_writer.as_deref() == Some("FAST") {
+        out.push(
+            Finding::ok(SECTION, "checkpoint writer", "FastPersist (checkpoint.writer type fast) writes through aio")
+                .why(
+                    "its folder is save_checkpoint()'s argument, not in the config: pass it as another --dir to \
+                     check it like nvme_path",
+                )
+                .key("checkpoint.writer"),
+        );
+    }
+    for note in &cfg.notes {
+        out.push(
+            Finding::warn(SECTION, "ignored", note.clone())
+                .why("DeepSpeed accepts it but does not do what it says")
+                .fix(format!("edit {}", cfg.path.display())),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn table(v: Value) -> Vec<Violation> {
+        from_table(&DsConfig::from_value(Path::new("ds.json"), &v))
+    }
+
+    #[test]
+    fn the_aio_block_as_aio_handle_takes_it() {
+        let nvme = json!({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}});
+        let keys = |aio: Value| {
+            table(json!({"zero_optimization": nvme, "aio": aio})).iter().map(Violation::key).collect::<Vec<_>>()
+        };
+        assert_eq!(keys(json!({"queue_depth": 0})), ["aio.queue_depth"]);
+        assert_eq!(keys(json!({"queue_depth": "8"})), ["aio.queue_depth"]);
+        assert_eq!(keys(json!({"block_size": 1e6})), ["aio.block_size"]);
+        assert_eq!(keys(json!({"intra_op_parallelism": 4097})), ["aio.intra_op_parallelism"]);
+        assert!(keys(json!({"queue_depth": 8, "single_submit": 1, "overlap_events": null})).is_empty());
+        assert_eq!(keys(json!({"single_submit": "yes"})), ["aio.single_submit"]);
+        // Nothing swaps: no aio_handle, so nothing to refuse.
+        assert!(table(json!({"aio": {"queue_depth": 0}})).is_empty());
+        assert_eq!(table(json!({"aio": [1]}))[0].kind, "type_error");
+    }
+
+    #[test]
+    fn fixes_name_what_to_write() {
+        let v = &table(json!({"zero_optimization": {"stage": 3, "offload_param": {"device": "NVMe"}}}))[0];
+        assert!(fix_for(v, Path::new("c.json")).contains("\"device\": \"nvme\""));
+        let v = &table(json!({"zero_optimization": {"stage": 3, "offload_param": {"buffer_cnt": 4}}}))[0];
+        assert!(
+            fix_for(v, Path::new("c.json")).contains("did you mean \"buffer_count\""),
+            "{}",
+            fix_for(v, Path::new("c"))
+        );
+        assert_eq!(
+            nearest("stage3_max_live_params", &["stage3_max_live_parameters".into()]),
+            Some("stage3_max_live_parameters")
+        );
+        assert_eq!(nearest("zzz", &["stage".into()]), None);
+    }
+}
