@@ -3,6 +3,8 @@
 //! tool and reading its output.
 #![allow(dead_code)]
 
+pub mod doctor;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,268 @@
+//! `deepnvme doctor` against DeepSpeed configs broken the ways users break
+//! them, checked by the doctor's table of DeepSpeed 0.19.8's rules (`--python
+//! /bin/false`: no DeepSpeed to ask; tests/python/test_doctor.py runs the
+//! same configs through DeepSpeed itself and compares): a device spelled
+//! "NVMe" or "nvme ", a buffer_count of "five", an aio block aio_handle
+//! refuses (queue_depth 0 or "8"), NVMe offload without nvme_path, use_gds
+//! without a GPU; values DeepSpeed accepts ("yes", "8", "auto") are no
+//! finding. Then the swap buffers against the model (DeepSpeed #3506,
+//! #3062), and the exit codes: 0, 1, and 2 when the doctor could not run,
+//! with stdout one JSON document under --json in every case.
+
+mod common;
+
+use std::path::Path;
+
+use common::doctor::*;
+use common::*;
+use serde_json::{json, Value};
+
+/// `doctor --only config --json` on `cfg` written in `dir`, with the table.
+fn validate(dir: &Path, cfg: &Value) -> (Value, Option<i32>) {
+    let path = write_json(dir, "ds.json", cfg);
+    let mut cmd = doctor_in(dir, &["--json", "--only", "config", "--python", "/bin/false", "--config"]);
+    cmd.arg(&path);
+    let (j, code, _) = run(cmd);
+    (j, code)
+}
+
+/// A stage-3 config offloading parameters to `dir` with `param` merged in.
+fn params(dir: &Path, param: Value, aio: Value) -> Value {
+    let mut p = json!({"device": "nvme", "nvme_path": dir});
+    p.as_object_mut().unwrap().extend(param.as_object().unwrap().clone());
+    json!({"zero_optimization": {"stage": 3, "offload_param": p}, "aio": aio})
+}
+
+#[test]
+fn what_deepspeed_refuses_fails_with_its_reason_and_the_key() {
+    let dir = TempDir::new("doctor-validate");
+    let d = &dir.0;
+    for device in ["NVMe", "nvme "] {
+        let (j, code) = validate(d, &params(d, json!({"device": device}), json!({})));
+        let f = finding_at(&j, "config", "validation", "zero_optimization.offload_param.device");
+        expect(
+            f,
+            "fail",
+            &["Input should be 'none', 'cpu' or 'nvme'", device, "DeepSpeed 0.19.8 refuses it"],
+            &["\"device\": \"nvme\"", "lowercase"],
+        );
+        assert_eq!(code, Some(1));
+    }
+    let (j, code) = validate(d, &params(d, json!({"buffer_count": "five"}), json!({})));
+    let f = finding_at(&j, "config", "validation", "zero_optimization.offload_param.buffer_count");
+    expect(f, "fail", &["\"five\"", "valid integer"], &["whole number"]);
+    assert_eq!(code, Some(1));
+    // A key DeepSpeed does not know, with the one meant.
+    let (j, _) = validate(d, &params(d, json!({"buffer_cnt": 4}), json!({})));
+    let f = finding_at(&j, "config", "validation", "zero_optimization.offload_param.buffer_cnt");
+    expect(f, "fail", &["Extra inputs are not permitted"], &["did you mean \"buffer_count\""]);
+}
+
+#[test]
+fn what_deepspeed_accepts_is_no_finding() {
+    let dir = TempDir::new("doctor-accept");
+    let d = &dir.0;
+    let cfg = params(
+        d,
+        json!({"pin_memory": "yes", "buffer_count": "8", "buffer_size": 1e8, "max_in_cpu": "auto"}),
+        json!({"queue_depth": 8, "single_submit": 1, "overlap_events": null}),
+    );
+    let (j, code) = validate(d, &cfg);
+    assert!(problems(&j).is_empty(), "{:#?}", problems(&j));
+    expect(finding(&j, "config", "validation"), "ok", &["follow DeepSpeed 0.19.8's rules"], &[]);
+    expect(finding(&j, "config", "offload"), "ok", &["8 buffers"], &[]);
+    assert_eq!(code, Some(0));
+}
+
+#[test]
+fn an_aio_block_aio_handle_refuses_fails() {
+    let dir = TempDir::new("doctor-aio");
+    let d = &dir.0;
+    let (j, code) = validate(d, &params(d, json!({}), json!({"queue_depth": 0})));
+    let f = finding_at(&j, "config", "aio_handle", "aio.queue_depth");
+    expect(f, "fail", &["queue_depth must be positive", "aio_handle(...)"], &["aio.queue_depth"]);
+    assert_eq!(code, Some(1));
+    let (j, _) = validate(d, &params(d, json!({}), json!({"queue_depth": "8", "block_size": 1e6})));
+    expect(finding_at(&j, "config", "aio_handle", "aio.queue_depth"), "fail", &["\"8\" is a str"], &["an integer"]);
+    expect(finding_at(&j, "config", "aio_handle", "aio.block_size"), "fail", &["is a float"], &["an integer"]);
+    // Without NVMe offload no aio_handle is made: nothing to refuse.
+    let (j, code) = validate(d, &json!({"zero_optimization": {"stage": 3}, "aio": {"queue_depth": 0}}));
+    assert!(findings(&j, "config", "aio_handle").is_empty(), "{j:#}");
+    assert_eq!(code, Some(0));
+}
+
+#[test]
+fn nvme_offload_without_nvme_path_fails() {
+    let dir = TempDir::new("doctor-nopath");
+    let cfg = json!({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"},
+        "offload_optimizer": {"device": "nvme"}}});
+    let (j, code) = validate(&dir.0, &cfg);
+    let p = finding_at(&j, "config", "nvme_path", "zero_optimization.offload_param.nvme_path");
+    expect(p, "fail", &["\"nvme_path\" in DeepSpeed Config cannot be None"], &["add \"nvme_path\""]);
+    let o = finding_at(&j, "config", "nvme_path", "zero_optimization.offload_optimizer.nvme_path");
+    expect(o, "fail", &["os.path.join", "NoneType"], &["add \"nvme_path\""]);
+    assert_eq!(code, Some(1));
+}
+
+/// No GPU here: DeepSpeed refuses use_gds (its accelerator is the CPU), and
+/// the gds section leads with use_gds false, without the compatibility-mode
+/// noise.
+#[test]
+fn use_gds_without_a_gpu_says_set_it_false() {
+    if Path::new("/proc/driver/nvidia/gpus").exists() {
+        println!("skipped: this machine has an NVIDIA GPU");
+        return;
+    }
+    let dir = TempDir::new("doctor-gds-nogpu");
+    let d = &dir.0;
+    let cfg = write_json(d, "ds.json", &params(d, json!({}), json!({"use_gds": true})));
+    let mut cmd = doctor_in(d, &["--json", "--only", "config,gds", "--python", "/bin/false", "--config"]);
+    cmd.arg(&cfg);
+    let (j, code, _) = run(cmd);
+    let v = finding_at(&j, "config", "validation", "aio.use_gds");
+    expect(v, "fail", &["GDS currently only supported for CUDA accelerator"], &["\"use_gds\": false"]);
+    let libs = finding(&j, "gds", "libraries");
+    assert_eq!(libs["status"], "fail", "{libs}");
+    assert!(text(libs, "fix").starts_with("there is no GPU here"), "{libs}");
+    assert!(findings(&j, "gds", "mode").is_empty(), "no compatibility-mode noise without a GPU: {j:#}");
+    assert_eq!(code, Some(1));
+}
+
+/// `doctor --only buffers` for a config and a model.
+fn buffers(dir: &Path, cfg: &Value, model: &[&str]) -> (Value, Option<i32>) {
+    let path = write_json(dir, "ds.json", cfg);
+    let mut cmd = doctor_in(dir, &["--json", "--only", "buffers", "--python", "/bin/false", "--config"]);
+    cmd.arg(&path).args(model);
+    let (j, code, _) = run(cmd);
+    (j, code)
+}
+
+#[test]
+fn a_buffer_smaller_than_the_largest_parameter_fails_with_the_size_to_write() {
+    let dir = TempDir::new("doctor-bufsize");
+    let d = &dir.0;
+    // DeepSpeed #3506: a 524709888-element embedding against the default 1e8.
+    let cfg = params(d, json!({}), json!({}));
+    let (j, code) = buffers(d, &cfg, &["--largest-param", "524709888", "--model-params", "6.7B"]);
+    let f = finding(&j, "buffers", "buffer_size");
+    expect(
+        f,
+        "fail",
+        &["More elements 524709888 than buffer size 100000000", "#3506"],
+        &["buffer_size to at least 524709888 (e.g. 530000000)"],
+    );
+    assert_eq!(f["key"], "zero_optimization.offload_param.buffer_size");
+    assert_eq!(code, Some(1));
+    // Over 8 ranks each holds an eighth: it fits.
+    let (j, _) = buffers(d, &cfg, &["--largest-param", "524709888", "--world-size", "8"]);
+    expect(finding(&j, "buffers", "buffer_size"), "ok", &["65588736 elements", "it fits"], &[]);
+    // Without the model, not compared (never ok).
+    let (j, _) = buffers(d, &cfg, &[]);
+    expect(finding(&j, "buffers", "buffer_size"), "skip", &["not compared"], &["--largest-param"]);
+}
+
+#[test]
+fn too_few_buffers_for_the_parameters_zero3_keeps_gathered_fail() {
+    let dir = TempDir::new("doctor-bufcount");
+    let d = &dir.0;
+    // Two 1 MiB fp32 weights (the tests' tiny model): both stay gathered
+    // through the turn from forward to backward, a buffer each.
+    let cfg = params(d, json!({"buffer_count": 1, "buffer_size": 262144}), json!({}));
+    let model = ["--model-params", "525312", "--largest-param", "262144"];
+    let (j, code) = buffers(d, &cfg, &model);
+    let f = finding(&j, "buffers", "buffer_count");
+    expect(
+        f,
+        "fail",
+        &["Not enough buffers 0 for swapping 1", "#3062", "= 2 parameters"],
+        &["buffer_count to at least 2"],
+    );
+    assert_eq!(code, Some(1));
+    let (j, code) = buffers(d, &params(d, json!({"buffer_count": 2, "buffer_size": 262144}), json!({})), &model);
+    expect(finding(&j, "buffers", "buffer_count"), "ok", &[], &[]);
+    assert_eq!(code, Some(0));
+    // A 7B model with the defaults: the reuse window keeps more than 5.
+    let big = params(d, json!({}), json!({}));
+    let (j, _) = buffers(d, &big, &["--model-params", "7B", "--largest-param", "100M", "--world-size", "8"]);
+    expect(finding(&j, "buffers", "buffer_count"), "ok", &["at least 5 parameters"], &[]);
+    let (j, _) = buffers(d, &big, &["--model-params", "7B", "--largest-param", "50M", "--world-size", "8"]);
+    expect(
+        finding(&j, "buffers", "buffer_count"),
+        "fail",
+        &["= 10 parameters"],
+        &["stage3_max_reuse_distance to 400000000"],
+    );
+}
+
+#[test]
+fn too_few_optimizer_buffers_fail() {
+    let dir = TempDir::new("doctor-optbuf");
+    let d = &dir.0;
+    let cfg = json!({"zero_optimization": {"stage": 3, "sub_group_size": 1e6,
+        "offload_optimizer": {"device": "nvme", "nvme_path": d, "buffer_count": 3}}});
+    let (j, code) = buffers(d, &cfg, &[]);
+    let f = finding(&j, "buffers", "optimizer buffer_count");
+    expect(f, "fail", &["exp_avg", "one for its gradient: 4"], &["buffer_count to at least 4"]);
+    assert_eq!(code, Some(1));
+    // Pipelined, with several sub-groups per rank: the next and previous too.
+    let cfg = json!({"zero_optimization": {"stage": 3, "sub_group_size": 1e6,
+        "offload_optimizer": {"device": "nvme", "nvme_path": d, "pipeline_read": true, "pipeline_write": true}}});
+    let (j, _) = buffers(d, &cfg, &["--model-params", "4M"]);
+    expect(finding(&j, "buffers", "optimizer buffer_count"), "fail", &["4 x 3 = 12"], &["at least 12"]);
+    let (j, code) = buffers(d, &cfg, &[]);
+    expect(finding(&j, "buffers", "optimizer buffer_count"), "warn", &["more than one sub-group"], &["at least 12"]);
+    assert_eq!(code, Some(0));
+}
+
+/// Exit codes: 0 nothing failed (warnings allowed), 1 a check failed, 2 the
+/// doctor could not run; under --json stdout is one JSON document in every
+/// case, with the error when it could not run.
+#[test]
+fn exit_codes_and_json_in_every_case() {
+    let dir = TempDir::new("doctor-exit");
+    let d = &dir.0;
+    let could_not_run = |args: &[&str], words: &str| {
+        let o = doctor_in(d, args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(words), "{args:?}: {}", stderr(&o));
+        let mut json = args.to_vec();
+        json.push("--json");
+        let o = doctor_in(d, &json).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{json:?}");
+        let (j, _) = report(&o);
+        assert_eq!(j["status"], "error", "{j}");
+        assert_eq!(j["exit_code"], 2);
+        assert!(text(&j, "error").contains(words), "{j}");
+        assert_eq!(j["checks"], json!([]));
+    };
+    let bad = d.join("bad.json");
+    std::fs::write(&bad, "{ not json").unwrap();
+    let list = d.join("list.json");
+    std::fs::write(&list, "[1]").unwrap();
+    could_not_run(&["--config", "missing.json"], "cannot read missing.json");
+    could_not_run(&["--config", bad.to_str().unwrap()], "bad.json is not JSON");
+    could_not_run(&["--config", list.to_str().unwrap()], "list.json is not a JSON object");
+    could_not_run(&["--dir", bad.to_str().unwrap()], "bad.json is not a folder");
+    could_not_run(&["--only", "disks"], "expected one of");
+    could_not_run(&["--no-such-flag"], "--no-such-flag");
+
+    // 1: a check failed; stdout is the report, stderr names the check.
+    let cfg = write_json(d, "fail.json", &params(d, json!({"device": "NVMe"}), json!({})));
+    let o = doctor_in(d, &["--json", "--only", "config", "--python", "/bin/false", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (j, code) = report(&o);
+    assert_eq!((code, j["status"].as_str()), (Some(1), Some("fail")));
+    assert!(stderr(&o).contains("config/validation"), "{}", stderr(&o));
+    // 0: a warning alone (nothing swaps to NVMe).
+    let cfg = write_json(d, "warn.json", &json!({"zero_optimization": {"stage": 3}}));
+    let o = doctor_in(d, &["--json", "--only", "config", "--python", "/bin/false", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (j, code) = report(&o);
+    assert_eq!((code, j["status"].as_str()), (Some(0), Some("warn")), "{j}");
+    // 0: all ok, in text too.
+    let o = doctor_in(d, &["--only", "engine"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("summary: "));
+}
