@@ -266,3 +266,32 @@ fn exit_codes_and_json_in_every_case() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("summary: "));
 }
+
+/// Swap buffers that lock more than the machine has free: the fix says how
+/// many buffers (or how big) fit.
+#[test]
+fn swap_buffers_beyond_the_free_memory_fail_with_what_fits() {
+    let dir = TempDir::new("doctor-ram");
+    let d = &dir.0;
+    let avail: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024;
+    // 4-byte elements, 16 buffers of a quarter of the free memory each: 4 times too much.
+    let size = avail / 16;
+    let cfg = write_json(d, "ds.json", &params(d, json!({"buffer_count": 16, "buffer_size": size}), json!({})));
+    let mut cmd = doctor_in(d, &["--json", "--only", "memlock", "--python", "/bin/false", "--config"]);
+    cmd.arg(&cfg);
+    let (j, code, _) = run(cmd);
+    let f = finding(&j, "memlock", "memory");
+    expect(f, "fail", &["exceed MemAvailable", "locked pages stay in RAM"], &["elements or less"]);
+    // A quarter of what was free when the test looked: 4, or 3 if the doctor found less free.
+    let fix = text(f, "fix");
+    let count =
+        fix.split("buffer_count to ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<u64>().ok());
+    assert!(matches!(count, Some(3 | 4)), "{fix}");
+    assert_eq!(code, Some(1));
+}

@@ -6,7 +6,7 @@
 //! other nodes (ssh, pdsh) get the limits PAM gives their login there, not
 //! this shell's: the findings say how to check those nodes.
 
-use super::config::Estimate;
+use super::config::{DsConfig, Estimate};
 use super::report::{Finding, Status};
 use super::Context;
 use crate::args::fmt_size_approx;
@@ -50,6 +50,30 @@ fn raise(hard: u64, need: u64) -> String {
         "{shell}; for good: '* - memlock unlimited' in /etc/security/limits.conf (log in again), LimitMEMLOCK=infinity \
          for a systemd service, docker run --ulimit memlock=-1, or grant CAP_IPC_LOCK; or lock less (smaller \
          buffer_count or buffer_size). {REMOTE}"
+    )
+}
+
+/// How to make the parameter swap buffers (the fixed part) fit in `avail`
+/// for `ranks` ranks, in numbers.
+fn shrink(cfg: &DsConfig, avail: u64, ranks: u64) -> String {
+    let Some(p) = &cfg.param else {
+        return "run fewer ranks on this machine, or free memory".into();
+    };
+    let e = cfg.model_dtype_bytes;
+    let per_buffer = cfg.aligned_numel(p.buffer_size, e) * e;
+    let per_rank = avail / ranks.max(1);
+    let count = per_rank / per_buffer.max(1);
+    let size = per_rank / p.buffer_count.max(1) / e;
+    let fit_ranks = avail / (p.buffer_count * per_buffer).max(1);
+    let ranks_fix = match fit_ranks {
+        0 => String::new(),
+        n => format!(", or run at most {n} rank(s) on this machine"),
+    };
+    format!(
+        "each parameter swap buffer locks {} per rank: lower {}.buffer_count to {count} or less, or buffer_size to \
+         {size} elements or less (at least the largest parameter's partition: see buffers){ranks_fix}",
+        fmt_size_approx(per_buffer),
+        p.block
     )
 }
 
@@ -122,7 +146,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
                 .why(
                     "locked pages stay in RAM; locking more than is free fails or pushes the rest of the job into swap",
                 )
-                .fix("lower offload_param.buffer_count or buffer_size, or run fewer ranks on this machine"),
+                .fix(shrink(cfg, avail, ranks)),
             );
         } else if bound > avail {
             out.push(
