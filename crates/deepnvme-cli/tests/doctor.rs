@@ -647,3 +647,34 @@ fn another_job_in_the_same_nvme_path_is_named() {
     expect(finding(&j, "sharing", "open files"), "ok", &[], &[]);
     expect(finding(&j, "sharing", "swap files"), "ok", &["earlier job"], &[]);
 }
+
+/// One training step's swaps against a budget (--step-time with
+/// --model-params), measured on the checkout's disk: a 1B-parameter job
+/// cannot swap its 34 GB in a millisecond; the finding gives the time, the
+/// budget and how the bytes were counted.
+#[test]
+fn a_step_time_budget_the_device_cannot_meet_warns() {
+    let _g = SYSTEM_WIDE.read().unwrap();
+    let dir = TempDir::new("doctor-step");
+    let cfg = write_config(&dir.0, "");
+    let mut cmd = doctor_in(&dir.0, &["--json", "--only", "bench", "--bench-size", "4M", "--python", "/bin/false"]);
+    cmd.args(["--model-params", "1B", "--step-time", "0.001", "--config"]).arg(&cfg);
+    let (j, code, err) = run(cmd);
+    let f = finding(&j, "bench", "speed");
+    expect(
+        f,
+        "warn",
+        &[
+            "over the --step-time budget of 0.001 s",
+            "parameters: read 2 x 1000000000 x 2 B",
+            "optimizer: read and write",
+        ],
+        &["budget a longer step"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    // A generous budget is met.
+    let mut cmd = doctor_in(&dir.0, &["--json", "--only", "bench", "--bench-size", "4M", "--python", "/bin/false"]);
+    cmd.args(["--model-params", "1M", "--step-time", "1000", "--config"]).arg(&cfg);
+    let (j, _, _) = run(cmd);
+    expect(finding(&j, "bench", "speed"), "ok", &["of the 1000 s budget"], &[]);
+}

@@ -67,9 +67,13 @@ fn what_deepspeed_accepts_is_no_finding() {
         json!({"pin_memory": "yes", "buffer_count": "8", "buffer_size": 1e8, "max_in_cpu": "auto"}),
         json!({"queue_depth": 8, "single_submit": 1, "overlap_events": null}),
     );
+    let mut cfg = cfg;
+    cfg["checkpoint"] = json!({"writer": {"type": "fast"}});
     let (j, code) = validate(d, &cfg);
     assert!(problems(&j).is_empty(), "{:#?}", problems(&j));
     expect(finding(&j, "config", "validation"), "ok", &["follow DeepSpeed 0.19.8's rules"], &[]);
+    // FastPersist's folder is save_checkpoint()'s argument: the finding says to pass it.
+    expect(finding(&j, "config", "checkpoint writer"), "ok", &["another --dir"], &[]);
     expect(finding(&j, "config", "offload"), "ok", &["8 buffers"], &[]);
     assert_eq!(code, Some(0));
 }
@@ -101,6 +105,22 @@ fn nvme_offload_without_nvme_path_fails() {
     expect(p, "fail", &["\"nvme_path\" in DeepSpeed Config cannot be None"], &["add \"nvme_path\""]);
     let o = finding_at(&j, "config", "nvme_path", "zero_optimization.offload_optimizer.nvme_path");
     expect(o, "fail", &["os.path.join", "NoneType"], &["add \"nvme_path\""]);
+    assert_eq!(code, Some(1));
+}
+
+/// An nvme_path that is a file: DeepSpeed's makedirs fails there.
+#[test]
+fn an_nvme_path_that_is_a_file_fails() {
+    let dir = TempDir::new("doctor-file-path");
+    let d = &dir.0;
+    let file = d.join("not-a-folder");
+    std::fs::write(&file, b"x").unwrap();
+    let cfg = write_json(d, "ds.json", &params(&file, json!({}), json!({})));
+    let mut cmd = doctor_in(d, &["--json", "--only", "filesystem", "--config"]);
+    cmd.arg(&cfg);
+    let (j, code, _) = run(cmd);
+    let f = finding_at(&j, "filesystem", "folder", "zero_optimization.offload_param.nvme_path");
+    expect(f, "fail", &["is not a folder", "FileExistsError"], &["point zero_optimization.offload_param.nvme_path"]);
     assert_eq!(code, Some(1));
 }
 

@@ -254,6 +254,16 @@ fn folder_finding(t: &Target, mount: Option<&Mount>) -> Option<Finding> {
     if t.probe_dir == t.path {
         return None;
     }
+    if t.path.exists() {
+        return Some(
+            Finding::fail(SECTION, "folder", format!("{} is not a folder", t.path.display()))
+                .why(
+                    "DeepSpeed's os.makedirs(nvme_path/zero_stage_3/...) fails with FileExistsError or \
+                     NotADirectoryError",
+                )
+                .fix(format!("point {} at a folder", t.key())),
+        );
+    }
     let summary = format!("{} does not exist yet", t.path.display());
     let read_only = mount.is_some_and(is_read_only);
     Some(match writable(&t.probe_dir) {
