@@ -449,7 +449,7 @@ impl DsConfig {
         let here = params / model.nodes.max(1);
         let wanted = |block: &str| which.is_none_or(|w| w == block);
         let mut parts = Vec::new();
-        if let Some(p) = self.param.as_ref().filter(|p| wanted(p.block)) {
+        if self.param.as_ref().is_some_and(|p| wanted(p.block)) {
             let e = self.model_dtype_bytes;
             parts.push(Part {
                 what: "parameter swap files".into(),
@@ -457,7 +457,6 @@ impl DsConfig {
                 exact: false,
                 formula: format!("({here} parameters on this machine x {e} B {})", self.model_dtype),
             });
-            let _ = p;
         }
         if self.optimizer.as_ref().is_some_and(|o| wanted(o.block)) {
             let adam = self.optimizer_type.as_deref().is_none_or(|t| t.to_ascii_lowercase().contains("adam"));

@@ -265,12 +265,12 @@ fn parse_int_str(t: &str) -> Option<i128> {
         b'+' => (false, &t[1..]),
         _ => (false, t),
     };
-    let (int, frac) = match body.split_once('.') {
-        Some((i, f)) if !f.is_empty() && f.bytes().all(|c| c == b'0') => (i, true),
+    // A fraction is allowed when it is all zeros ("8.00"), not empty ("8.").
+    let int = match body.split_once('.') {
+        Some((i, f)) if !f.is_empty() && f.bytes().all(|c| c == b'0') => i,
         Some(_) => return None,
-        None => (body, false),
+        None => body,
     };
-    let _ = frac;
     let b = int.as_bytes();
     if b.is_empty() || !b[0].is_ascii_digit() || !b[b.len() - 1].is_ascii_digit() {
         return None;
