@@ -343,7 +343,8 @@ def test_the_doctor_asks_deepspeed_itself_when_its_python_has_it(tmp_path):
     nvme = str(tmp_path)
     configs = {
         "device": {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme ", "nvme_path": nvme,
-                                                                       "buffer_count": "five"}}},
+                                                                       "buffer_count": "five"}},
+                   "aio": {"queue_depth": "8"}},
         "accepted": {"zero_optimization": {"stage": 3, "offload_param": {
             "device": "nvme", "nvme_path": nvme, "pin_memory": "yes", "buffer_count": "8", "buffer_size": 1e6}},
             "aio": {"queue_depth": 0}},
@@ -360,6 +361,9 @@ def test_the_doctor_asks_deepspeed_itself_when_its_python_has_it(tmp_path):
     assert '"device": "nvme"' in dev["fix"], dev
     count = finding(report, "validation", "config", "zero_optimization.offload_param.buffer_count")
     assert count["status"] == "fail" and "unable to parse string as an integer" in count["summary"], count
+    # The aio block too, in the same run (DeepSpeed itself would stop at the first error).
+    handle = finding(report, "aio_handle", "config", "aio.queue_depth")
+    assert "incompatible constructor arguments" in handle["summary"] and "a str" in handle["summary"], handle
     assert code == 1
     report, code = run_doctor(["--only", "config", "--python", sys.executable, "--config", paths["accepted"]])
     handle = finding(report, "aio_handle", "config", "aio.queue_depth")

@@ -48,6 +48,9 @@ fn what_deepspeed_refuses_fails_with_its_reason_and_the_key() {
         );
         assert_eq!(code, Some(1));
     }
+    // Every error in one run: the aio block too, though DeepSpeed stops at the first.
+    let (j, _) = validate(d, &params(d, json!({"device": "NVMe"}), json!({"queue_depth": 0})));
+    expect(finding_at(&j, "config", "aio_handle", "aio.queue_depth"), "fail", &["must be positive"], &[]);
     let (j, code) = validate(d, &params(d, json!({"buffer_count": "five"}), json!({})));
     let f = finding_at(&j, "config", "validation", "zero_optimization.offload_param.buffer_count");
     expect(f, "fail", &["\"five\"", "valid integer"], &["whole number"]);

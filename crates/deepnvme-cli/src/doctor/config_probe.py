@@ -104,12 +104,21 @@ def _config_check(path):
     except Exception as e:
         error(["aio"], "type_error", f"{type(e).__name__}: {e}", cfg.get("aio"))
         return report
-    if zero is None:
-        return report
-
-    # The ZeRO-3 swappers create aio_handle(...) only when something goes to NVMe.
-    swaps = int(zero.stage) == 3 and any(
-        o is not None and o.device == "nvme" for o in (zero.offload_param, zero.offload_optimizer))
+    # The ZeRO-3 swappers create aio_handle(...) only when something goes to
+    # NVMe. When zero_optimization has errors (DeepSpeed stops there first),
+    # the aio block is still checked, as the config means it, so that one
+    # run reports every error.
+    if zero is not None:
+        swaps = int(zero.stage) == 3 and any(
+            o is not None and o.device == "nvme" for o in (zero.offload_param, zero.offload_optimizer))
+    else:
+        raw = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
+        try:
+            stage3 = float(str(raw.get("stage", 0)).strip()) == 3
+        except ValueError:
+            stage3 = False
+        swaps = stage3 and any(isinstance(raw.get(k), dict) and str(raw[k].get("device", "")).strip().lower() == "nvme"
+                               for k in ("offload_param", "offload_optimizer"))
     handle = report["aio_handle"] = {"tried": False}
     loads = out.get("deepspeed_loads") or {}
     if not swaps:

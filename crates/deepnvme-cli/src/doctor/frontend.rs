@@ -105,10 +105,11 @@ pub fn probe(python: &Path, config: Option<&Path>) -> Result<PythonInfo, String>
     let status = status?;
     let Some(line) = stdout.lines().rev().find_map(|l| l.strip_prefix(MARKER)) else {
         let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+        let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
         return Err(format!(
-            "{} exited with {status} without a report: {}",
+            "{} exited with {status} without a report{}",
             python.display(),
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            if tail.is_empty() { String::new() } else { format!(": {tail}") }
         ));
     };
     let raw: Value = serde_json::from_str(line).map_err(|e| format!("the probe's report is not JSON: {e}"))?;

@@ -43,7 +43,7 @@ impl Source {
 
 /// DeepSpeed's errors from the probe, when it ran with DeepSpeed.
 fn from_probe(ctx: &Context) -> Result<(Source, Vec<Violation>, Option<bool>), String> {
-    let p = ctx.python_probe().as_ref().map_err(|e| format!("no report from Python: {e}"))?;
+    let p = ctx.python_probe().as_ref().map_err(|e| format!("the job's Python gave no report: {e}"))?;
     let python = p.python.display().to_string();
     if let Some(e) = p.raw.get("config_check_error").and_then(Value::as_str) {
         return Err(format!("DeepSpeed's validation could not run in {python}: {e}"));
@@ -84,7 +84,8 @@ fn cuda_accelerator() -> bool {
     }
 }
 
-/// Whether anything creates an `aio_handle`: an NVMe offload at stage 3.
+/// Whether anything creates an `aio_handle`: an NVMe offload at stage 3
+/// (as the config means it, even where DeepSpeed refuses its spelling).
 fn uses_aio(cfg: &DsConfig) -> bool {
     cfg.swaps() && cfg.stage == Some(3)
 }
@@ -107,7 +108,9 @@ fn from_table(cfg: &DsConfig) -> Vec<Violation> {
                 });
                 return out;
             }
-            if !out.is_empty() || !uses_aio(cfg) || cfg.aio.use_gds {
+            // Checked even when zero_optimization has errors (DeepSpeed
+            // would stop there first): every error in one run.
+            if !uses_aio(cfg) || cfg.aio.use_gds {
                 return out;
             }
             // aio_handle(...): the binding's types first, then the values.
