@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::ds_rules;
+use super::aio_rules;
+use super::lax;
 use crate::args::fmt_size_approx;
 
 /// `deepspeed/runtime/swap_tensor/constants.py`: the `aio` block's defaults
@@ -188,14 +189,14 @@ impl Estimate {
 /// gives the default (a refused value is the `config` section's finding).
 fn int_field(obj: &Value, key: &str, default: u64) -> u64 {
     obj.get(key)
-        .filter(|v| !ds_rules::is_auto(v))
-        .and_then(|v| ds_rules::lax_int(v).ok())
+        .filter(|v| !lax::is_auto(v))
+        .and_then(|v| lax::lax_int(v).ok())
         .and_then(|i| u64::try_from(i).ok())
         .unwrap_or(default)
 }
 
 fn bool_field(obj: &Value, key: &str, default: bool) -> bool {
-    obj.get(key).filter(|v| !ds_rules::is_auto(v)).and_then(|v| ds_rules::lax_bool(v).ok()).unwrap_or(default)
+    obj.get(key).filter(|v| !lax::is_auto(v)).and_then(|v| lax::lax_bool(v).ok()).unwrap_or(default)
 }
 
 /// A stage-3 key that also has a `stage3_` alias.
@@ -225,8 +226,8 @@ impl DsConfig {
         let zero = v.get("zero_optimization").filter(|z| z.is_object()).unwrap_or(&null);
         let stage = zero
             .get("stage")
-            .filter(|s| !ds_rules::is_auto(s))
-            .map_or(Some(0), |s| ds_rules::lax_int(s).ok().and_then(|i| u64::try_from(i).ok()));
+            .filter(|s| !lax::is_auto(s))
+            .map_or(Some(0), |s| lax::lax_int(s).ok().and_then(|i| u64::try_from(i).ok()));
 
         // get_aio_config reads the block raw; aio_handle converts the values
         // (pybind11), so a value it refuses counts as the default here.
@@ -234,10 +235,10 @@ impl DsConfig {
         let mut aio = Aio::default();
         if let Some(a) = aio_block {
             let int = |key: &str, default: usize| {
-                a.get(key).and_then(|x| ds_rules::aio_value(key, x).ok()).map_or(default, |i| i.max(0) as usize)
+                a.get(key).and_then(|x| aio_rules::aio_value(key, x).ok()).map_or(default, |i| i.max(0) as usize)
             };
             let flag = |key: &str, default: bool| {
-                a.get(key).and_then(|x| ds_rules::aio_value(key, x).ok()).map_or(default, |i| i != 0)
+                a.get(key).and_then(|x| aio_rules::aio_value(key, x).ok()).map_or(default, |i| i != 0)
             };
             let d = Aio::default();
             aio.block_size = int("block_size", d.block_size);
@@ -300,7 +301,7 @@ impl DsConfig {
             }
         }
 
-        let enabled = |k: &str| v.get(k).and_then(|b| b.get("enabled")).is_some_and(ds_rules::truthy);
+        let enabled = |k: &str| v.get(k).and_then(|b| b.get("enabled")).is_some_and(lax::truthy);
         let (model_dtype_bytes, model_dtype) = if enabled("bf16") {
             (2, "bf16")
         } else if enabled("fp16") {

@@ -1,23 +1,22 @@
-//! DeepSpeed 0.19.8's rules for the two config sections DeepNVMe depends
-//! on, as a table, for when the job's Python has no DeepSpeed to ask
-//! (`config_probe.py` asks DeepSpeed itself when it can):
-//!
-//! * `zero_optimization`: the fields of `DeepSpeedZeroConfig` and its nested
-//!   models (`offload_param`, `offload_optimizer`, `zenflow`, `leaf_module`)
-//!   with their types, enums and bounds, pydantic 2's lax-mode coercions
-//!   (`"8"` and `8.0` are 8, `"yes"` is true, `"auto"` means the default),
-//!   unknown keys refused (`extra="forbid"`), the model validators and the
-//!   deprecated-key checks, and the keys DeepSpeed removed;
-//! * `aio`: read raw (`get_aio_config`), so a wrong type only fails when
-//!   the swapper calls `aio_handle(...)`: the types DeepSpeed's pybind11
-//!   binding takes, then the values the handle accepts (the core's own
-//!   `HandleConfig::validate`); `use_gds` needs the CUDA accelerator.
+//! DeepSpeed 0.19.8's rules for the `zero_optimization` section, as a
+//! table, for when the job's Python has no DeepSpeed to ask
+//! (`config_probe.py` asks DeepSpeed itself when it can): the fields of
+//! `DeepSpeedZeroConfig` and its nested models (`offload_param`,
+//! `offload_optimizer`, `zenflow`, `leaf_module`) with their types, enums
+//! and bounds, read with pydantic 2's lax-mode coercions (`lax`); unknown
+//! keys refused (`extra="forbid"`), the model validators and the
+//! deprecated-key checks, and the keys DeepSpeed removed. The `aio` block's
+//! rules are `aio_rules`'.
 //!
 //! Every fact here was read from DeepSpeed 0.19.8's models and checked by
 //! running them; `tests/python/test_doctor.py` runs the same configs
 //! through DeepSpeed and through this table and compares the verdicts.
 
 use serde_json::{Map, Value};
+
+use super::lax::{
+    check_bounds, is_auto, lax_bool, lax_float, lax_int, python_type, Bounds, GE0, GT0, NONE, OPEN_UNIT, UNIT,
+};
 
 /// One error, in pydantic's terms so that DeepSpeed's own errors (from the
 /// probe) and the table's render alike.
@@ -43,20 +42,6 @@ impl Violation {
         self.loc.join(".")
     }
 }
-
-#[derive(Clone, Copy, Debug)]
-struct Bounds {
-    gt: Option<f64>,
-    ge: Option<f64>,
-    lt: Option<f64>,
-    le: Option<f64>,
-}
-
-const NONE: Bounds = Bounds { gt: None, ge: None, lt: None, le: None };
-const GE0: Bounds = Bounds { ge: Some(0.0), ..NONE };
-const GT0: Bounds = Bounds { gt: Some(0.0), ..NONE };
-const UNIT: Bounds = Bounds { ge: Some(0.0), le: Some(1.0), ..NONE };
-const OPEN_UNIT: Bounds = Bounds { gt: Some(0.0), lt: Some(1.0), ..NONE };
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -217,133 +202,6 @@ const REMOVED_ZERO_KEYS: &[(&str, &str)] = &[
     ),
     ("zeropp_loco_param", "LoCo-Zero++ has been removed; 'zero_optimization.zeropp_loco_param' is no longer supported"),
 ];
-
-// ---------------------------------------------------------------------------
-// pydantic 2's lax-mode coercions, as DeepSpeed's models apply them
-
-/// `"auto"` (exactly) is dropped by `DeepSpeedConfigModel.__init__`: the
-/// field keeps its default (the HF Trainer's placeholder).
-pub fn is_auto(v: &Value) -> bool {
-    v.as_str() == Some("auto")
-}
-
-type Coerced<T> = Result<T, (&'static str, String)>;
-
-/// An integer as pydantic reads one: a bool, a float without a fraction, or
-/// a string of digits (whitespace, a sign, `_` between digits and a `.000`
-/// fraction allowed; `1e8` is not).
-pub fn lax_int(v: &Value) -> Coerced<i128> {
-    const PARSING: &str = "Input should be a valid integer, unable to parse string as an integer";
-    match v {
-        Value::Bool(b) => Ok(*b as i128),
-        Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                return Ok(i as i128);
-            }
-            if let Some(u) = n.as_u64() {
-                return Ok(u as i128);
-            }
-            let x = n.as_f64().unwrap_or(f64::NAN);
-            if !x.is_finite() {
-                Err(("finite_number", "Input should be a finite number".into()))
-            } else if x.fract() != 0.0 {
-                Err(("int_from_float", "Input should be a valid integer, got a number with a fractional part".into()))
-            } else if x.abs() > i64::MAX as f64 {
-                Err(("int_parsing_size", "Unable to parse input string as an integer, exceeded maximum size".into()))
-            } else {
-                Ok(x as i128)
-            }
-        }
-        Value::String(s) => parse_int_str(s.trim()).ok_or(("int_parsing", PARSING.into())),
-        _ => Err(("int_type", "Input should be a valid integer".into())),
-    }
-}
-
-fn parse_int_str(t: &str) -> Option<i128> {
-    let (neg, body) = match t.as_bytes().first()? {
-        b'-' => (true, &t[1..]),
-        b'+' => (false, &t[1..]),
-        _ => (false, t),
-    };
-    // A fraction is allowed when it is all zeros ("8.00"), not empty ("8.").
-    let int = match body.split_once('.') {
-        Some((i, f)) if !f.is_empty() && f.bytes().all(|c| c == b'0') => i,
-        Some(_) => return None,
-        None => body,
-    };
-    let b = int.as_bytes();
-    if b.is_empty() || !b[0].is_ascii_digit() || !b[b.len() - 1].is_ascii_digit() {
-        return None;
-    }
-    if b.windows(2).any(|w| w[0] == b'_' && w[1] == b'_') || !b.iter().all(|c| c.is_ascii_digit() || *c == b'_') {
-        return None;
-    }
-    let digits: String = int.chars().filter(|c| *c != '_').collect();
-    let n: i128 = digits.parse().ok()?;
-    Some(if neg { -n } else { n })
-}
-
-/// A float as pydantic reads one: a number, a bool, or a string Python's
-/// float() takes.
-pub fn lax_float(v: &Value) -> Coerced<f64> {
-    match v {
-        Value::Bool(b) => Ok(*b as u8 as f64),
-        Value::Number(n) => Ok(n.as_f64().unwrap_or(f64::NAN)),
-        Value::String(s) => s.trim().parse::<f64>().map_err(|_| {
-            ("float_parsing", "Input should be a valid number, unable to parse string as a number".into())
-        }),
-        _ => Err(("float_type", "Input should be a valid number".into())),
-    }
-}
-
-/// A bool as pydantic reads one: true/false, 0/1 (int or float), or one of
-/// its words in any case (no surrounding spaces).
-pub fn lax_bool(v: &Value) -> Coerced<bool> {
-    const PARSING: &str = "Input should be a valid boolean, unable to interpret input";
-    match v {
-        Value::Bool(b) => Ok(*b),
-        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
-            (Some(0), _) => Ok(false),
-            (Some(1), _) => Ok(true),
-            (Some(_), _) => Err(("bool_parsing", PARSING.into())),
-            (None, Some(0.0)) => Ok(false),
-            (None, Some(1.0)) => Ok(true),
-            _ => Err(("bool_type", "Input should be a valid boolean".into())),
-        },
-        Value::String(s) => match s.to_ascii_lowercase().as_str() {
-            "0" | "off" | "f" | "false" | "n" | "no" => Ok(false),
-            "1" | "on" | "t" | "true" | "y" | "yes" => Ok(true),
-            _ => Err(("bool_parsing", PARSING.into())),
-        },
-        _ => Err(("bool_type", "Input should be a valid boolean".into())),
-    }
-}
-
-fn fmt_bound(x: f64) -> String {
-    if x.fract() == 0.0 {
-        format!("{}", x as i64)
-    } else {
-        format!("{x}")
-    }
-}
-
-/// pydantic checks le, lt, ge, gt in this order; NaN fails them all.
-fn check_bounds(x: f64, b: &Bounds) -> Result<(), (&'static str, String)> {
-    let checks = [
-        (b.le, "less_than_equal", "less than or equal to", x <= b.le.unwrap_or(0.0)),
-        (b.lt, "less_than", "less than", x < b.lt.unwrap_or(0.0)),
-        (b.ge, "greater_than_equal", "greater than or equal to", x >= b.ge.unwrap_or(0.0)),
-        (b.gt, "greater_than", "greater than", x > b.gt.unwrap_or(0.0)),
-    ];
-    for (bound, kind, words, holds) in checks {
-        if let Some(v) = bound {
-            if !holds {
-                return Err((kind, format!("Input should be {words} {}", fmt_bound(v))));
-            }
-        }
-    }
-    Ok(())
-}
 
 fn quoted_list(items: &[String]) -> String {
     match items {
@@ -660,74 +518,6 @@ pub fn check_zero(config: &Value) -> Vec<Violation> {
     }
     out
 }
-
-/// Python's name for a JSON value's type, as DeepSpeed's messages show it.
-pub fn python_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "NoneType",
-        Value::Bool(_) => "bool",
-        Value::Number(n) if n.is_f64() => "float",
-        Value::Number(_) => "int",
-        Value::String(_) => "str",
-        Value::Array(_) => "list",
-        Value::Object(_) => "dict",
-    }
-}
-
-/// The `aio` keys DeepSpeed reads, with its defaults (`swap_tensor/constants.py`).
-pub const AIO_KEYS: [(&str, AioType); 6] = [
-    ("block_size", AioType::Int),
-    ("queue_depth", AioType::Int),
-    ("intra_op_parallelism", AioType::Int),
-    ("single_submit", AioType::Bool),
-    ("overlap_events", AioType::Bool),
-    ("use_gds", AioType::Flag),
-];
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AioType {
-    /// A C++ `int` through pybind11: a Python int or bool in int's range.
-    Int,
-    /// A C++ `bool` through pybind11 (conversion allowed): None, bool, int
-    /// or float, by truth value; a str or list is refused.
-    Bool,
-    /// Only tested for truth by DeepSpeed (`if aio_config[use_gds]`).
-    Flag,
-}
-
-/// Python's truth value of a JSON value.
-pub fn truthy(v: &Value) -> bool {
-    match v {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        Value::Number(n) => n.as_f64().is_some_and(|x| x != 0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
-    }
-}
-
-/// The `aio` block as `aio_handle(...)` gets it: each value raw (DeepSpeed
-/// does not coerce), as DeepSpeed's binding converts it. `Err` is the
-/// binding's refusal of that key.
-pub fn aio_value(key: &str, v: &Value) -> Result<i64, String> {
-    let ty = AIO_KEYS.iter().find(|(k, _)| *k == key).map(|(_, t)| *t).unwrap_or(AioType::Flag);
-    let int_range = |i: i64| (i32::MIN as i64..=i32::MAX as i64).contains(&i);
-    match (ty, v) {
-        (AioType::Int, Value::Bool(b)) => Ok(*b as i64),
-        (AioType::Int, Value::Number(n)) if n.as_i64().is_some_and(int_range) => Ok(n.as_i64().unwrap_or(0)),
-        (AioType::Int, Value::Number(n)) if n.is_f64() => {
-            Err(format!("{n} is a float (JSON numbers with a point or exponent are), and the binding takes an int"))
-        }
-        (AioType::Int, Value::Number(n)) => Err(format!("{n} does not fit a C int")),
-        (AioType::Int, other) => Err(format!("{other} is a {}, and the binding takes an int", python_type(other))),
-        (AioType::Bool, Value::String(_) | Value::Array(_) | Value::Object(_)) => {
-            Err(format!("{v} is a {}, and the binding takes a bool (true or false)", python_type(v)))
-        }
-        (_, v) => Ok(truthy(v) as i64),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -735,31 +525,6 @@ mod tests {
 
     fn keys(v: Value) -> Vec<String> {
         check_zero(&json!({ "zero_optimization": v })).iter().map(Violation::key).collect()
-    }
-
-    #[test]
-    fn lax_mode_coercions_are_pydantics() {
-        for ok in
-            [json!(8), json!("8"), json!(" 8"), json!("+8"), json!("8_000"), json!("8.00"), json!(8.0), json!(true)]
-        {
-            assert!(lax_int(&ok).is_ok(), "{ok}");
-        }
-        for bad in
-            [json!("five"), json!("1e8"), json!("8."), json!("8.5"), json!(8.5), json!(""), json!(null), json!("0x10")]
-        {
-            assert!(lax_int(&bad).is_err(), "{bad}");
-        }
-        assert_eq!(lax_int(&json!(1e20)).unwrap_err().0, "int_parsing_size");
-        for ok in ["yes", "Y", "on", "TRUE", "0", "f"] {
-            assert!(lax_bool(&json!(ok)).is_ok(), "{ok}");
-        }
-        assert_eq!(lax_bool(&json!("yes")), Ok(true));
-        assert_eq!(lax_bool(&json!(1.0)), Ok(true));
-        for bad in [json!(" true"), json!("2"), json!(2), json!(0.5), json!(null), json!("1.0")] {
-            assert!(lax_bool(&bad).is_err(), "{bad}");
-        }
-        assert_eq!(lax_float(&json!(" 0.5")), Ok(0.5));
-        assert!(lax_float(&json!("")).is_err());
     }
 
     #[test]
@@ -810,18 +575,5 @@ mod tests {
         assert_eq!(keys(json!({"leaf_module": {"classes": [1]}})), ["zero_optimization.leaf_module.classes.0"]);
         assert_eq!(check_zero(&json!({"zero_optimization": "x"}))[0].kind, "not_a_mapping");
         assert!(check_zero(&json!({"zero_optimization": true})).is_empty());
-    }
-
-    #[test]
-    fn aio_values_as_the_binding_converts_them() {
-        assert_eq!(aio_value("queue_depth", &json!(8)), Ok(8));
-        assert_eq!(aio_value("queue_depth", &json!(true)), Ok(1));
-        assert!(aio_value("queue_depth", &json!("8")).is_err());
-        assert!(aio_value("block_size", &json!(1e6)).unwrap_err().contains("float"));
-        assert!(aio_value("block_size", &json!(1u64 << 31)).is_err());
-        assert_eq!(aio_value("single_submit", &json!(null)), Ok(0));
-        assert_eq!(aio_value("single_submit", &json!(2)), Ok(1));
-        assert!(aio_value("single_submit", &json!("yes")).is_err());
-        assert_eq!(aio_value("use_gds", &json!("false")), Ok(1));
     }
 }

@@ -11,7 +11,9 @@
 //! section table, their order and the output. One concern per sibling module:
 //! * `report`: [`report::Finding`] and [`report::Status`], text and JSON output;
 //! * `config`: the DeepSpeed config as DeepSpeed reads it, what its swap buffers lock and write;
-//! * `ds_rules`: DeepSpeed 0.19.8's rules for `zero_optimization` and `aio`, as a table;
+//! * `ds_rules`: DeepSpeed 0.19.8's rules for `zero_optimization`, as a table;
+//! * `aio_rules`: the `aio` block as DeepSpeed's `aio_handle(...)` binding and the handle take it;
+//! * `lax`: JSON values as pydantic's lax mode and Python read them (coercions, bounds, truth);
 //! * `validation`: the `config` section: DeepSpeed's own validation (`config_probe.py`) or the table;
 //! * `buffers`: buffer_size and buffer_count against the model;
 //! * `engine`: io_uring allowed or not, and why (sysctl, seccomp, kernel);
@@ -24,6 +26,7 @@
 //! * `frontend`: which front end DeepSpeed will load and why (runs `frontend_probe.py`);
 //! * `bench`: a short deepnvme pass per engine, fio, and GB/s against a floor or the job's needs.
 
+mod aio_rules;
 mod bench;
 mod buffers;
 mod cgroup;
@@ -34,6 +37,7 @@ mod engine;
 mod filesystem;
 mod frontend;
 mod gds;
+mod lax;
 mod memlock;
 mod report;
 mod sharing;

@@ -1,10 +1,11 @@
 //! The `config` section: what the DeepSpeed config asks for, and whether
 //! DeepSpeed takes it. Where the job's Python has DeepSpeed, its own code
 //! decides (`config_probe.py`: `DeepSpeedZeroConfig`, `get_aio_config`, and
-//! `aio_handle(...)` called as the swappers call it); otherwise the table
-//! of DeepSpeed 0.19.8's rules in `ds_rules`. Each error is a FAIL naming
-//! the key, DeepSpeed's message and what to write instead. A value DeepSpeed
-//! accepts is never one (`"yes"` for a bool, `"8"` for an int, `"auto"`).
+//! `aio_handle(...)` called as the swappers call it); otherwise the tables
+//! of DeepSpeed 0.19.8's rules in `ds_rules` and `aio_rules`. Each error is
+//! a FAIL naming the key, DeepSpeed's message and what to write instead. A
+//! value DeepSpeed accepts is never one (`"yes"` for a bool, `"8"` for an
+//! int, `"auto"`).
 //! Also here: an NVMe offload without `nvme_path` (DeepSpeed fails when the
 //! swapper starts), and what DeepSpeed accepts but ignores.
 
@@ -12,11 +13,11 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::config::{Aio, DsConfig, NvmeOffload};
+use super::aio_rules;
+use super::config::{DsConfig, NvmeOffload};
 use super::ds_rules::{self, Violation};
 use super::report::{Finding, Status};
 use super::Context;
-use crate::runner::AioConfig;
 
 const SECTION: &str = "config";
 
@@ -93,80 +94,9 @@ fn uses_aio(cfg: &DsConfig) -> bool {
 /// The table's errors: `zero_optimization`, then the `aio` block.
 fn from_table(cfg: &DsConfig) -> Vec<Violation> {
     let mut out = ds_rules::check_zero(&cfg.raw);
-    let aio = cfg.raw.get("aio").filter(|a| !a.is_null());
-    let loc = |k: &str| vec!["aio".to_string(), k.to_string()];
-    match aio {
-        None => {}
-        Some(Value::Object(a)) => {
-            if a.get("use_gds").is_some_and(ds_rules::truthy) && !cuda_accelerator() {
-                out.push(Violation {
-                    loc: loc("use_gds"),
-                    kind: "assertion_error".into(),
-                    msg: "AssertionError: GDS currently only supported for CUDA accelerator".into(),
-                    input: a.get("use_gds").cloned(),
-                    fields: Vec::new(),
-                });
-                return out;
-            }
-            // Checked even when zero_optimization has errors (DeepSpeed
-            // would stop there first): every error in one run.
-            if !uses_aio(cfg) || cfg.aio.use_gds {
-                return out;
-            }
-            // aio_handle(...): the binding's types first, then the values.
-            let mut typed = true;
-            for (key, _) in ds_rules::AIO_KEYS.iter().filter(|(k, _)| *k != "use_gds") {
-                if let Some(Err(why)) = a.get(*key).map(|v| ds_rules::aio_value(key, v)) {
-                    typed = false;
-                    out.push(Violation {
-                        loc: loc(key),
-                        kind: "aio_handle".into(),
-                        msg: format!("TypeError: aio_handle(): incompatible constructor arguments: {key} = {why}"),
-                        input: a.get(*key).cloned(),
-                        fields: Vec::new(),
-                    });
-                }
-            }
-            if typed {
-                let d = Aio::default();
-                let value = |k: &str, def: i64| a.get(k).and_then(|v| ds_rules::aio_value(k, v).ok()).unwrap_or(def);
-                let knobs = |k: &str| {
-                    let one = |key: &str, def: i64| if key == k { value(key, def) } else { def };
-                    AioConfig {
-                        block_size: one("block_size", d.block_size as i64).max(0) as usize,
-                        queue_depth: one("queue_depth", d.queue_depth as i64).max(0) as usize,
-                        single_submit: false,
-                        overlap_events: true,
-                        parallelism: one("intra_op_parallelism", d.intra_op_parallelism as i64).max(0) as usize,
-                    }
-                };
-                for key in ["block_size", "queue_depth", "intra_op_parallelism"] {
-                    // As the handle says it: positive first, then the core's limits.
-                    let given = a.get(key).and_then(|v| ds_rules::aio_value(key, v).ok());
-                    let refused = match given {
-                        Some(v) if v <= 0 => Some(format!("{key} must be positive, got {v}")),
-                        _ => knobs(key).check(None).err(),
-                    };
-                    if let Some(e) = refused {
-                        out.push(Violation {
-                            loc: loc(key),
-                            kind: "aio_handle".into(),
-                            msg: format!("RuntimeError: invalid argument: {e}"),
-                            input: a.get(key).cloned(),
-                            fields: Vec::new(),
-                        });
-                    }
-                }
-            }
-        }
-        Some(other) => out.push(Violation {
-            loc: vec!["aio".into()],
-            kind: "type_error".into(),
-            msg: format!("AttributeError: '{}' object has no attribute 'get'", ds_rules::python_type(other)),
-            input: Some(other.clone()),
-            fields: Vec::new(),
-        }),
-    }
+    // Checked even when zero_optimization has errors (DeepSpeed would stop
+    // there first): every error in one run.
+    out.extend(aio_rules::check(cfg.raw.get("aio"), uses_aio(cfg), cuda_accelerator()));
     out
 }
 
@@ -234,7 +164,7 @@ fn fix_for(v: &Violation, config: &Path) -> String {
                 .into()
         }
         "aio_handle" if v.msg.contains("TypeError") => {
-            format!("write {key} as {} (a JSON number without a point, or true/false)", aio_type_word(last))
+            format!("write {key} as {} (a JSON number without a point, or true/false)", aio_rules::type_word(last))
         }
         "aio_handle" => format!(
             "give {key} a value aio_handle accepts: {}",
@@ -247,13 +177,6 @@ fn fix_for(v: &Violation, config: &Path) -> String {
             "set offload_optimizer.ratio to 1.0, or use ZeRO stage 3 for partial offload".into()
         }
         _ => format!("edit {key} in {file} as DeepSpeed's message says"),
-    }
-}
-
-fn aio_type_word(key: &str) -> &'static str {
-    match ds_rules::AIO_KEYS.iter().find(|(k, _)| *k == key).map(|(_, t)| *t) {
-        Some(ds_rules::AioType::Int) => "an integer",
-        _ => "true or false",
     }
 }
 
@@ -404,17 +327,10 @@ mod tests {
     }
 
     #[test]
-    fn the_aio_block_as_aio_handle_takes_it() {
+    fn the_aio_block_is_checked_when_a_swapper_makes_a_handle() {
         let nvme = json!({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}});
-        let keys = |aio: Value| {
-            table(json!({"zero_optimization": nvme, "aio": aio})).iter().map(Violation::key).collect::<Vec<_>>()
-        };
-        assert_eq!(keys(json!({"queue_depth": 0})), ["aio.queue_depth"]);
-        assert_eq!(keys(json!({"queue_depth": "8"})), ["aio.queue_depth"]);
-        assert_eq!(keys(json!({"block_size": 1e6})), ["aio.block_size"]);
-        assert_eq!(keys(json!({"intra_op_parallelism": 4097})), ["aio.intra_op_parallelism"]);
-        assert!(keys(json!({"queue_depth": 8, "single_submit": 1, "overlap_events": null})).is_empty());
-        assert_eq!(keys(json!({"single_submit": "yes"})), ["aio.single_submit"]);
+        let keys = |v: Value| table(v).iter().map(Violation::key).collect::<Vec<_>>();
+        assert_eq!(keys(json!({"zero_optimization": nvme, "aio": {"queue_depth": 0}})), ["aio.queue_depth"]);
         // Nothing swaps: no aio_handle, so nothing to refuse.
         assert!(table(json!({"aio": {"queue_depth": 0}})).is_empty());
         assert_eq!(table(json!({"aio": [1]}))[0].kind, "type_error");
