@@ -195,8 +195,9 @@ def aio_op():
 
 def deepspeed_says(cfg):
     """What deepspeed.initialize makes of `cfg`: DeepSpeedConfig (removed keys,
-    DeepSpeedZeroConfig, get_aio_config), then, when ZeRO-3 swaps to NVMe,
-    aio_handle(...) as the swappers call it. (refuses, keys or None)."""
+    DeepSpeedZeroConfig, get_aio_config, get_checkpoint_config), then, when
+    ZeRO-3 swaps to NVMe or FastPersist writes checkpoints, aio_handle(...)
+    as they call it. (refuses, keys or None)."""
     import pydantic
     from deepspeed.runtime.config import DeepSpeedConfig
 
@@ -209,7 +210,9 @@ def deepspeed_says(cfg):
         return True, None
     z = c.zero_config
     swaps = int(z.stage) == 3 and any(o is not None and o.device == "nvme" for o in (z.offload_param, z.offload_optimizer))
-    if not swaps or c.aio_config["use_gds"]:
+    writer = c.checkpoint_config["writer"]
+    fast = writer is not None and writer["type"] == "FAST"
+    if not (swaps or fast) or c.aio_config["use_gds"]:
         return False, set()
     defaults = dict(block_size=1 << 20, queue_depth=8, single_submit=False, overlap_events=True, intra_op_parallelism=1)
 
@@ -285,6 +288,13 @@ def config_cases(nvme_path):
         for v in AIO_PROBES:
             cases.append((f"aio.{key}={v!r}",
                           {"zero_optimization": {"stage": 3, "offload_param": dict(offload)}, "aio": {key: v}}))
+            # FastPersist builds the same aio_handle, with no NVMe offload.
+            cases.append((f"fast writer, aio.{key}={v!r}", {"zero_optimization": {"stage": 2},
+                          "checkpoint": {"writer": {"type": "fast"}}, "aio": {key: v}}))
+    for writer in ({}, {"type": "FAST"}, {"type": "Fast"}, {"type": "python"}, {"type": "mock"}, {"type": None}, None):
+        for aio in ({"queue_depth": 0}, {"block_size": "1M"}, {"queue_depth": 16}):
+            cases.append((f"writer {writer!r}, aio {aio!r}", {"zero_optimization": {"stage": 1},
+                          "checkpoint": {"writer": writer}, "aio": aio}))
     both = [
         {"stage3_prefetch_bucket_size": 5, "prefetch_bucket_size": 6},
         {"cpu_offload": True, "offload_optimizer": {"device": "cpu"}},

@@ -98,6 +98,38 @@ fn an_aio_block_aio_handle_refuses_fails() {
     assert_eq!(code, Some(0));
 }
 
+/// FastPersist (`checkpoint.writer.type: fast`) builds aio_handle(...)
+/// from the aio block at deepspeed.initialize, with no NVMe offload at all.
+#[test]
+fn a_fastpersist_writer_checks_the_aio_block() {
+    let dir = TempDir::new("doctor-fastpersist");
+    let d = &dir.0;
+    let fast = |aio: Value, kind: &str| {
+        let writer = json!({ "type": kind });
+        json!({"zero_optimization": {"stage": 2}, "checkpoint": {"writer": writer}, "aio": aio})
+    };
+    let (j, code) = validate(d, &fast(json!({"queue_depth": 0}), "fast"));
+    let f = finding_at(&j, "config", "aio_handle", "aio.queue_depth");
+    expect(f, "fail", &["queue_depth must be positive", "FastPersist"], &["aio.queue_depth"]);
+    assert_eq!(code, Some(1));
+    // Any case DeepSpeed upper-cases; a writer block without a type is FAST too.
+    let (j, _) = validate(d, &fast(json!({"block_size": "1M"}), "Fast"));
+    expect(finding_at(&j, "config", "aio_handle", "aio.block_size"), "fail", &["is a str"], &["an integer"]);
+    let (j, _) = validate(
+        d,
+        &json!({"zero_optimization": {"stage": 2}, "checkpoint": {"writer": {}}, "aio": {"queue_depth": 0}}),
+    );
+    expect(finding_at(&j, "config", "aio_handle", "aio.queue_depth"), "fail", &[], &[]);
+    // The python writer (and a null type: no writer DeepSpeed builds) makes no handle.
+    for kind in [json!("python"), json!(null)] {
+        let cfg = json!({"zero_optimization": {"stage": 2}, "checkpoint": {"writer": {"type": kind}},
+            "aio": {"queue_depth": 0}});
+        let (j, code) = validate(d, &cfg);
+        assert!(findings(&j, "config", "aio_handle").is_empty(), "{kind}: {j:#}");
+        assert_eq!(code, Some(0), "{kind}");
+    }
+}
+
 #[test]
 fn nvme_offload_without_nvme_path_fails() {
     let dir = TempDir::new("doctor-nopath");

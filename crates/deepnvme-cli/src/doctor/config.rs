@@ -119,8 +119,8 @@ pub struct DsConfig {
     /// `stage3_max_reuse_distance` (elements).
     pub max_reuse_distance: u64,
     pub optimizer_type: Option<String>,
-    /// `checkpoint.writer.type` upper-cased, when given (`FAST` writes
-    /// checkpoints through aio: FastPersist).
+    /// `checkpoint.writer.type` upper-cased, when there is a writer block
+    /// (`FAST`, its default, writes checkpoints through aio: FastPersist).
     pub checkpoint_writer: Option<String>,
     /// Things DeepSpeed accepts but does not do as written (ignored keys,
     /// NVMe offload below stage 3).
@@ -310,11 +310,16 @@ impl DsConfig {
             (4, "fp32")
         };
         let optimizer_type = v.get("optimizer").and_then(|o| o.get("type")).and_then(Value::as_str).map(str::to_string);
-        let checkpoint_writer = v
-            .get("checkpoint")
-            .and_then(|c| c.get("writer"))
-            .filter(|w| w.is_object())
-            .map(|w| w.get("type").and_then(Value::as_str).unwrap_or("fast").to_ascii_uppercase());
+        // model_checkpointing/config.py: a writer block's type defaults to
+        // FAST and is upper-cased; a null type is no writer DeepSpeed builds.
+        let checkpoint_writer =
+            v.get("checkpoint").and_then(|c| c.get("writer")).filter(|w| w.is_object()).and_then(|w| {
+                match w.get("type") {
+                    None => Some("FAST".to_string()),
+                    Some(Value::String(t)) => Some(t.to_uppercase()),
+                    Some(_) => None,
+                }
+            });
         DsConfig {
             path: path.to_path_buf(),
             raw: v.clone(),
@@ -355,6 +360,27 @@ impl DsConfig {
     /// Whether anything is swapped to NVMe.
     pub fn swaps(&self) -> bool {
         self.param.is_some() || self.optimizer.is_some()
+    }
+
+    /// Whether checkpoints are written by FastPersist (`checkpoint.writer`
+    /// type `fast`), which builds its own aio_handle from the `aio` block
+    /// at `deepspeed.initialize` (`CheckpointWriterFactory._setup_for_aio`).
+    pub fn fast_writer(&self) -> bool {
+        self.checkpoint_writer.as_deref() == Some("FAST")
+    }
+
+    /// What builds an `aio_handle` from the `aio` block, in words: ZeRO-3's
+    /// NVMe swappers and FastPersist's writer (as the config means them,
+    /// even where DeepSpeed refuses their spelling). Empty when nothing does.
+    pub fn aio_handle_users(&self) -> Vec<&'static str> {
+        let mut users = Vec::new();
+        if self.swaps() && self.stage == Some(3) {
+            users.push("ZeRO-3's NVMe swappers");
+        }
+        if self.fast_writer() {
+            users.push("FastPersist's checkpoint writer (checkpoint.writer type fast)");
+        }
+        users
     }
 
     /// Elements a swapped tensor of `numel` elements of `elem` bytes is
@@ -593,5 +619,17 @@ mod tests {
         // "cpu" offload swaps nothing.
         let cpu = cfg(json!({"zero_optimization": {"offload_param": {"device": "cpu"}}}));
         assert!(!cpu.swaps());
+    }
+
+    #[test]
+    fn the_checkpoint_writer_as_deepspeed_reads_it() {
+        let writer = |w: Value| cfg(json!({"checkpoint": {"writer": w}}));
+        assert!(writer(json!({})).fast_writer());
+        assert!(writer(json!({"type": "Fast"})).fast_writer());
+        assert!(!writer(json!({"type": "python"})).fast_writer());
+        assert!(!writer(json!({"type": null})).fast_writer());
+        assert!(!writer(json!(null)).fast_writer());
+        assert!(!cfg(json!({})).fast_writer());
+        assert_eq!(writer(json!({})).aio_handle_users().len(), 1);
     }
 }

@@ -6,9 +6,11 @@
 # way deepspeed.initialize meets it: the removed keys DeepSpeedConfig
 # refuses, the zero_optimization section through DeepSpeedZeroConfig
 # (pydantic: every error, with its key), the aio block through
-# get_aio_config, and, when something swaps to NVMe and the loaded async_io
-# op is deepnvme's (nothing is JIT-built), aio_handle(...) called with the
-# block's values exactly as DeepSpeed's swappers call it.
+# get_aio_config, the checkpoint block through get_checkpoint_config, and,
+# when something builds an aio_handle (ZeRO-3 swapping to NVMe, FastPersist's
+# checkpoint writer) and the loaded async_io op is deepnvme's (nothing is
+# JIT-built), aio_handle(...) called with the block's values exactly as
+# DeepSpeed calls it.
 import json
 import os
 
@@ -69,6 +71,9 @@ def _config_check(path):
     from deepspeed.runtime import config as ds_config
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig, get_zero_config
     from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
+    from deepspeed.runtime.model_checkpointing.config import get_checkpoint_config
+    from deepspeed.runtime.model_checkpointing.constants import (CHECKPOINT_WRITER, CHECKPOINT_WRITER_TYPE,
+                                                                 CheckpointWriterType)
 
     # DeepSpeedConfig's first step: keys DeepSpeed removed.
     reject = getattr(ds_config, "_reject_removed_config_keys", None)
@@ -104,6 +109,15 @@ def _config_check(path):
     except Exception as e:
         error(["aio"], "type_error", f"{type(e).__name__}: {e}", cfg.get("aio"))
         return report
+    # FastPersist's checkpoint writer (checkpoint.writer type FAST, its
+    # default) builds aio_handle(...) from the block at deepspeed.initialize.
+    fast = False
+    try:
+        writer = get_checkpoint_config(cfg)[CHECKPOINT_WRITER]
+        fast = writer is not None and writer[CHECKPOINT_WRITER_TYPE] == CheckpointWriterType.FAST
+    except Exception as e:
+        error(["checkpoint"], "assertion_error" if isinstance(e, AssertionError) else "type_error",
+              f"{type(e).__name__}: {e}", cfg.get("checkpoint"))
     # The ZeRO-3 swappers create aio_handle(...) only when something goes to
     # NVMe. When zero_optimization has errors (DeepSpeed stops there first),
     # the aio block is still checked, as the config means it, so that one
@@ -121,10 +135,13 @@ def _config_check(path):
                                for k in ("offload_param", "offload_optimizer"))
     handle = report["aio_handle"] = {"tried": False}
     loads = out.get("deepspeed_loads") or {}
-    if not swaps:
-        handle["why_not"] = "nothing swaps to NVMe at ZeRO stage 3, so no aio_handle is created"
+    handle["users"] = (["ZeRO-3's NVMe swappers"] if swaps else []) + (
+        ["FastPersist's checkpoint writer (checkpoint.writer type fast)"] if fast else [])
+    if not handle["users"]:
+        handle["why_not"] = ("nothing swaps to NVMe at ZeRO stage 3 and no FastPersist writer (checkpoint.writer "
+                             "type fast) writes checkpoints, so no aio_handle is created")
     elif aio.get("use_gds"):
-        handle["why_not"] = "use_gds: the swappers create gds_handle, which needs a GPU"
+        handle["why_not"] = "use_gds: the swappers and FastPersist create gds_handle, which needs a GPU"
     elif not str(loads.get("name", "")).startswith("deepnvme"):
         handle["why_not"] = f"the loaded async_io op is {loads.get('name')!r}, not deepnvme's (it is not built here)"
     else:

@@ -85,18 +85,13 @@ fn cuda_accelerator() -> bool {
     }
 }
 
-/// Whether anything creates an `aio_handle`: an NVMe offload at stage 3
-/// (as the config means it, even where DeepSpeed refuses its spelling).
-fn uses_aio(cfg: &DsConfig) -> bool {
-    cfg.swaps() && cfg.stage == Some(3)
-}
-
 /// The table's errors: `zero_optimization`, then the `aio` block.
 fn from_table(cfg: &DsConfig) -> Vec<Violation> {
     let mut out = ds_rules::check_zero(&cfg.raw);
     // Checked even when zero_optimization has errors (DeepSpeed would stop
     // there first): every error in one run.
-    out.extend(aio_rules::check(cfg.raw.get("aio"), uses_aio(cfg), cuda_accelerator()));
+    let creates_handle = !cfg.aio_handle_users().is_empty();
+    out.extend(aio_rules::check(cfg.raw.get("aio"), creates_handle, cuda_accelerator()));
     out
 }
 
@@ -180,16 +175,20 @@ fn fix_for(v: &Violation, config: &Path) -> String {
     }
 }
 
-fn violation_finding(v: &Violation, source: &Source, config: &Path) -> Finding {
+fn violation_finding(v: &Violation, source: &Source, cfg: &DsConfig) -> Finding {
     let key = v.key();
     let input = v.input.as_ref().map(|i| format!(" = {i}")).unwrap_or_default();
     let check = if v.kind == "aio_handle" { "aio_handle" } else { "validation" };
     let why = if v.kind == "aio_handle" {
+        let users = cfg.aio_handle_users();
         format!(
-            "DeepSpeed reads the aio block as written and passes it to aio_handle(...) when a swapper starts, \
-             which refuses it; {}",
+            "DeepSpeed reads the aio block as written and passes it to aio_handle(...), which refuses it, when {} \
+             build{} one; {}",
+            if users.is_empty() { "a swapper".to_string() } else { users.join(" and ") },
+            if users.len() == 1 { "s" } else { "" },
             match source {
                 Source::DeepSpeed { handle: Some(op), .. } => format!("called with it here, {op} raised"),
+                _ if cfg.fast_writer() => "the job dies in deepspeed.initialize".to_string(),
                 _ => "the job dies when DeepSpeed initializes ZeRO-3".to_string(),
             }
         )
@@ -198,7 +197,7 @@ fn violation_finding(v: &Violation, source: &Source, config: &Path) -> Finding {
     };
     Finding::fail(SECTION, check, format!("DeepSpeed refuses {key}{input}: {}", v.msg))
         .why(why)
-        .fix(fix_for(v, config))
+        .fix(fix_for(v, &cfg.path))
         .key(key)
 }
 
@@ -277,7 +276,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
         Err(why) => (Source::Table { why }, from_table(cfg), None),
     };
     for v in &violations {
-        out.push(violation_finding(v, &source, &cfg.path));
+        out.push(violation_finding(v, &source, cfg));
     }
     if violations.is_empty() {
         let what = match &source {
@@ -297,7 +296,7 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
         out.push(Finding::ok(SECTION, "validation", what));
     }
     out.extend(missing_paths(cfg));
-    if cfg.checkpoint_writer.as_deref() == Some("FAST") {
+    if cfg.fast_writer() {
         out.push(
             Finding::ok(SECTION, "checkpoint writer", "FastPersist (checkpoint.writer type fast) writes through aio")
                 .why(
@@ -331,8 +330,10 @@ mod tests {
         let nvme = json!({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}});
         let keys = |v: Value| table(v).iter().map(Violation::key).collect::<Vec<_>>();
         assert_eq!(keys(json!({"zero_optimization": nvme, "aio": {"queue_depth": 0}})), ["aio.queue_depth"]);
-        // Nothing swaps: no aio_handle, so nothing to refuse.
+        // Nothing swaps: no aio_handle, so nothing to refuse; FastPersist's writer builds one.
         assert!(table(json!({"aio": {"queue_depth": 0}})).is_empty());
+        let fast = json!({"checkpoint": {"writer": {"type": "fast"}}, "aio": {"queue_depth": 0}});
+        assert_eq!(keys(fast), ["aio.queue_depth"]);
         assert_eq!(table(json!({"aio": [1]}))[0].kind, "type_error");
     }
 
