@@ -383,6 +383,27 @@ def test_the_doctor_asks_deepspeed_itself_when_its_python_has_it(tmp_path):
     assert code == 1
 
 
+def test_a_fastpersist_writers_aio_block_goes_through_the_real_aio_handle(tmp_path):
+    """FastPersist builds aio_handle(...) from the aio block at
+    deepspeed.initialize, with nothing offloaded: the doctor calls the real
+    handle for it, and a healthy FastPersist config is all ok."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"zero_optimization": {"stage": 2}, "checkpoint": {"writer": {"type": "fast"}},
+                               "aio": {"queue_depth": 0}}))
+    report, code = run_doctor(["--only", "config", "--python", sys.executable, "--config", bad])
+    handle = finding(report, "aio_handle", "config", "aio.queue_depth")
+    assert handle["status"] == "fail" and "queue_depth must be positive" in handle["summary"], handle
+    assert "FastPersist" in handle["why"] and "deepnvme.async_io raised" in handle["why"], handle
+    assert code == 1
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"zero_optimization": {"stage": 2}, "checkpoint": {"writer": {"type": "fast"}},
+                                "aio": {"queue_depth": 8}}))
+    report, code = run_doctor(["--only", "config", "--python", sys.executable, "--config", good])
+    assert not [f for f in report["checks"] if f["status"] != "ok"], report
+    assert "aio_handle(...) takes the aio block" in finding(report, "validation", "config")["summary"], report
+    assert code == 0
+
+
 # ---------------------------------------------------------------- swap buffers, proven by DeepSpeed
 
 EXAMPLE = os.path.join(ROOT, "examples", "zero_infinity.py")

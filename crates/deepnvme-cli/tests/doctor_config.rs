@@ -130,6 +130,19 @@ fn a_fastpersist_writer_checks_the_aio_block() {
     }
 }
 
+/// A healthy FastPersist config that offloads nothing: its aio goes to the
+/// checkpoint folder, so "nothing goes to NVMe" is no warning.
+#[test]
+fn a_fastpersist_config_without_offload_is_ok() {
+    let dir = TempDir::new("doctor-fastpersist-ok");
+    let cfg = json!({"zero_optimization": {"stage": 2}, "checkpoint": {"writer": {"type": "fast"}},
+        "aio": {"queue_depth": 8}});
+    let (j, code) = validate(&dir.0, &cfg);
+    expect(finding(&j, "config", "offload"), "ok", &["FastPersist"], &[]);
+    assert!(problems(&j).is_empty(), "{:#?}", problems(&j));
+    assert_eq!(code, Some(0));
+}
+
 #[test]
 fn nvme_offload_without_nvme_path_fails() {
     let dir = TempDir::new("doctor-nopath");

@@ -237,6 +237,9 @@ fn offload_finding(cfg: &DsConfig) -> Finding {
     ));
     if cfg.swaps() {
         f
+    } else if cfg.fast_writer() {
+        let why = format!("{}; no ZeRO offload to NVMe: FastPersist writes the checkpoints through aio", f.why);
+        f.why(why)
     } else {
         let mut f = f.why("nothing goes to NVMe: no offload_param or offload_optimizer has device nvme");
         f.status = Status::Warn;
