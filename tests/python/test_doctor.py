@@ -309,6 +309,15 @@ def config_cases(nvme_path):
         {"leaf_module": {"classes": "a.B"}},
     ]
     cases += [(f"combination {c}", {"zero_optimization": dict({"stage": 3}, **c)}) for c in both]
+    # Keys DeepSpeed removed, which it refuses before anything else.
+    from deepspeed.runtime import config as ds_config
+    for key in ds_config._REMOVED_TOP_LEVEL_CONFIG_KEYS:
+        for v in ({}, None, True):
+            cases.append((f"removed {key}={v!r}", {key: v, "zero_optimization": {"stage": 3}}))
+        cases.append((f"removed {key} and a bad aio block", {key: {}, "zero_optimization": {
+            "stage": 3, "offload_param": dict(offload)}, "aio": {"queue_depth": 0}}))
+    for key in ds_config._REMOVED_ZERO_CONFIG_KEYS:
+        cases.append((f"removed zero.{key}", {"zero_optimization": {"stage": 3, key: 2}}))
     for z in (True, False, None, "x", [1]):
         cases.append((f"zero_optimization={z!r}", {"zero_optimization": z}))
     for a in (None, [1], "x"):
@@ -345,6 +354,30 @@ def test_the_doctors_table_and_probe_agree_with_deepspeed_on_every_field(tmp_pat
         if not ds_refuses and failed:
             disagree.append((name, "the doctor fails a config DeepSpeed accepts", failed))
     assert not disagree, f"{len(disagree)} of {len(cases)} disagree:\n" + "\n".join(map(repr, disagree[:40]))
+
+
+def test_removed_keys_fail_with_deepspeeds_own_text(tmp_path):
+    """Every key DeepSpeed removed, top-level and in zero_optimization: the
+    table and the probe fail it under its own key with DeepSpeed's whole
+    message (the issue it links included)."""
+    from deepspeed.runtime import config as ds_config
+
+    removed = [([k], m) for k, m in ds_config._REMOVED_TOP_LEVEL_CONFIG_KEYS.items()]
+    removed += [(["zero_optimization", k], m) for k, m in ds_config._REMOVED_ZERO_CONFIG_KEYS.items()]
+    # Two at once: each is named with its own message.
+    both = {"zero_optimization": {"stage": 3, "mics_shard_size": 2}, "amp": {}}
+    cases = [(loc, message, {loc[0]: {"stage": 3, loc[1]: 2}} if len(loc) == 2
+              else {loc[0]: {}, "zero_optimization": {"stage": 3}}) for loc, message in removed]
+    cases += [(loc, message, both) for loc, message in removed if loc[-1] in ("amp", "mics_shard_size")]
+    for i, (loc, message, cfg) in enumerate(cases):
+        path = tmp_path / f"removed{i}.json"
+        path.write_text(json.dumps(cfg))
+        key = ".".join(loc)
+        _, _, report = doctor_table_says(tmp_path, path)
+        table = finding(report, "validation", "config", key)
+        assert table["status"] == "fail" and f"DeepSpeedConfigError: {message}" in table["summary"], (key, table)
+        probe = [e for e in probe_namespace()["_config_check"](str(path))["errors"] if e["loc"] == loc]
+        assert [e["msg"] for e in probe] == [f"DeepSpeedConfigError: {message}"], (key, probe)
 
 
 def test_the_doctor_asks_deepspeed_itself_when_its_python_has_it(tmp_path):

@@ -143,6 +143,38 @@ fn a_fastpersist_config_without_offload_is_ok() {
     assert_eq!(code, Some(0));
 }
 
+/// Keys DeepSpeed 0.19.8 removed, at the top of the config: it refuses them
+/// before anything else, with its own text and the issue it links.
+#[test]
+fn removed_top_level_keys_fail_with_deepspeeds_text() {
+    let dir = TempDir::new("doctor-removed");
+    let d = &dir.0;
+    let (j, code) = validate(d, &json!({"amp": {"enabled": true}, "zero_optimization": {"stage": 3}}));
+    let f = finding_at(&j, "config", "validation", "amp");
+    expect(
+        f,
+        "fail",
+        &["DeepSpeedConfigError: NVIDIA Apex AMP integration has been removed. Use DeepSpeed 'fp16', 'bf16', or \
+             'torch_autocast' instead. See https://github.com/deepspeedai/DeepSpeed/issues/8489."],
+        &["remove amp"],
+    );
+    assert_eq!(code, Some(1));
+    for key in ["elasticity", "sparse_attention", "curriculum_learning", "nebula", "progressive_layer_drop"] {
+        let (j, code) = validate(d, &json!({ key: null }));
+        let f = finding_at(&j, "config", "validation", key);
+        expect(f, "fail", &["DeepSpeedConfigError", "has been removed"], &[&format!("remove {key}")]);
+        assert_eq!(code, Some(1), "{key}");
+    }
+    // A removed zero_optimization key: DeepSpeed's whole text, with the link.
+    let (j, _) = validate(d, &json!({"zero_optimization": {"stage": 3, "mics_shard_size": 2}}));
+    expect(
+        finding_at(&j, "config", "validation", "zero_optimization.mics_shard_size"),
+        "fail",
+        &["is no longer supported. See https://github.com/deepspeedai/DeepSpeed/issues/8489."],
+        &[],
+    );
+}
+
 #[test]
 fn nvme_offload_without_nvme_path_fails() {
     let dir = TempDir::new("doctor-nopath");

@@ -75,19 +75,26 @@ def _config_check(path):
     from deepspeed.runtime.model_checkpointing.constants import (CHECKPOINT_WRITER, CHECKPOINT_WRITER_TYPE,
                                                                  CheckpointWriterType)
 
-    # DeepSpeedConfig's first step: keys DeepSpeed removed.
+    # DeepSpeedConfig's first step: keys DeepSpeed removed. It stops at the
+    # first, top-level ones before zero_optimization's; every one is
+    # reported here, each with DeepSpeed's own message, and the rest of the
+    # config is still checked without them (every error in one run).
     reject = getattr(ds_config, "_reject_removed_config_keys", None)
+    zero_raw = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
+    removed_top = getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {})
+    removed_zero = getattr(ds_config, "_REMOVED_ZERO_CONFIG_KEYS", {})
     if reject is not None:
         try:
             reject(cfg)
         except Exception as e:
-            zero = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
-            removed_zero = getattr(ds_config, "_REMOVED_ZERO_CONFIG_KEYS", {})
-            removed_top = getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {})
-            loc = next((["zero_optimization", k] for k in removed_zero if k in zero), None) \
-                or next(([k] for k in removed_top if k in cfg), [])
-            error(loc, "removed", f"{type(e).__name__}: {e}")
-            return report
+            found = [([k], m, cfg[k]) for k, m in removed_top.items() if k in cfg] + [
+                (["zero_optimization", k], m, zero_raw[k]) for k, m in removed_zero.items() if k in zero_raw]
+            if not any(m == str(e) for _, m, _ in found):
+                found.insert(0, ([], str(e), None))  # a removal this script does not know of
+            for loc, message, value in found:
+                error(loc, "removed", f"{type(e).__name__}: {message}", value)
+    if any(k in zero_raw for k in removed_zero):
+        cfg = dict(cfg, zero_optimization={k: v for k, v in zero_raw.items() if k not in removed_zero})
 
     zero = None
     try:

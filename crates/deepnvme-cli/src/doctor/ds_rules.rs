@@ -188,19 +188,110 @@ static ZERO: Model = Model {
     ],
 };
 
-/// `zero_optimization` keys DeepSpeed 0.19.8 removed: `DeepSpeedConfig`
-/// refuses them (`_reject_removed_config_keys`) before anything else.
+/// DeepSpeed's message for a removed feature, with the issue it links.
+macro_rules! removed {
+    ($msg:literal) => {
+        concat!($msg, " See https://github.com/deepspeedai/DeepSpeed/issues/8489.")
+    };
+}
+
+/// Top-level keys DeepSpeed 0.19.8 removed, in the order `DeepSpeedConfig`
+/// checks them (`_REMOVED_TOP_LEVEL_CONFIG_KEYS`, `_reject_removed_config_keys`):
+/// it refuses the first it finds before reading anything else, with this text.
+const REMOVED_TOP_KEYS: &[(&str, &str)] = &[
+    (
+        "nebula",
+        removed!(
+            "Nebula checkpointing has been removed. A leftover 'nebula' block would be ignored and checkpoints \
+             would silently fall back to local torch.save."
+        ),
+    ),
+    (
+        "compression_training",
+        removed!(
+            "The DeepSpeed compression library has been removed. A leftover 'compression_training' block would be \
+             ignored and the model would train unquantized."
+        ),
+    ),
+    (
+        "amp",
+        removed!(
+            "NVIDIA Apex AMP integration has been removed. Use DeepSpeed 'fp16', 'bf16', or 'torch_autocast' \
+             instead."
+        ),
+    ),
+    ("quantize_training", removed!("Mixture-of-Quantization (MoQ) / 'quantize_training' has been removed.")),
+    (
+        "sparse_gradients",
+        removed!(
+            "Sparse compression of dense torch.nn.Embedding gradients has been removed. A leftover \
+             'sparse_gradients' flag would be ignored and those gradients would be reduced dense. Gradients from \
+             an embedding constructed with sparse=True are still reduced sparsely and need no config flag."
+        ),
+    ),
+    (
+        "eigenvalue",
+        removed!(
+            "Eigenvalue-based Mixture-of-Quantization (MoQ) has been removed; the standalone 'eigenvalue' \
+             configuration block is no longer supported."
+        ),
+    ),
+    (
+        "sparse_attention",
+        removed!(
+            "DeepSpeed Sparse Attention has been removed; the 'sparse_attention' configuration block is no longer \
+             supported."
+        ),
+    ),
+    // DeepSpeed's one message without the issue's link.
+    (
+        "elasticity",
+        "Elastic training has been removed; the 'elasticity' configuration block is no longer supported. Set \
+         train_batch_size / train_micro_batch_size_per_gpu / gradient_accumulation_steps directly. ",
+    ),
+    (
+        "graph_harvesting",
+        removed!(
+            "Graph harvesting has been removed; the 'graph_harvesting' configuration option is no longer supported."
+        ),
+    ),
+    (
+        "curriculum_learning",
+        removed!(
+            "Legacy top-level 'curriculum_learning' has been removed. Use \
+             'data_efficiency.data_sampling.curriculum_learning' instead."
+        ),
+    ),
+    (
+        "progressive_layer_drop",
+        removed!(
+            "Progressive Layer Dropping has been removed; the 'progressive_layer_drop' configuration block is no \
+             longer supported."
+        ),
+    ),
+];
+
+/// `zero_optimization` keys DeepSpeed 0.19.8 removed, checked right after
+/// the top-level ones (`_REMOVED_ZERO_CONFIG_KEYS`).
 const REMOVED_ZERO_KEYS: &[(&str, &str)] = &[
     (
         "mics_shard_size",
-        "MiCS ZeRO-3 sharding has been removed; 'zero_optimization.mics_shard_size' is no longer supported",
+        removed!("MiCS ZeRO-3 sharding has been removed; 'zero_optimization.mics_shard_size' is no longer supported."),
     ),
     (
         "mics_hierarchical_params_gather",
-        "MiCS ZeRO-3 sharding has been removed; 'zero_optimization.mics_hierarchical_params_gather' is no longer \
-         supported",
+        removed!(
+            "MiCS ZeRO-3 sharding has been removed; 'zero_optimization.mics_hierarchical_params_gather' is no \
+             longer supported."
+        ),
     ),
-    ("zeropp_loco_param", "LoCo-Zero++ has been removed; 'zero_optimization.zeropp_loco_param' is no longer supported"),
+    (
+        "zeropp_loco_param",
+        removed!(
+            "LoCo-Zero++ has been removed; 'zero_optimization.zeropp_loco_param' is no longer supported. Remove \
+             this key to use standard ZeRO++ quantized gradients without LoCo error feedback."
+        ),
+    ),
 ];
 
 fn quoted_list(items: &[String]) -> String {
@@ -419,11 +510,36 @@ impl Walk<'_> {
     }
 }
 
-/// The errors DeepSpeed 0.19.8 raises on the config's `zero_optimization`
-/// section, as `DeepSpeedConfig` meets them (removed keys, then the model:
-/// every field error at once, then the first validator or deprecated-key
-/// check that fails).
-pub fn check_zero(config: &Value) -> Vec<Violation> {
+/// The errors DeepSpeed 0.19.8 raises on a config's keys and its
+/// `zero_optimization` section: every removed key (DeepSpeed stops at the
+/// first), then the section's model with those keys left out.
+pub fn check(config: &Value) -> Vec<Violation> {
+    let mut out = check_removed(config);
+    out.extend(check_zero(config));
+    out
+}
+
+/// The removed keys the config has, top-level first, in DeepSpeed's order,
+/// each with DeepSpeed's whole message.
+fn check_removed(config: &Value) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let top = config.as_object();
+    let zero = config.get("zero_optimization").and_then(Value::as_object);
+    let blocks = [(top, REMOVED_TOP_KEYS, None), (zero, REMOVED_ZERO_KEYS, Some("zero_optimization"))];
+    for (block, table, prefix) in blocks {
+        let Some(obj) = block else { continue };
+        for (key, msg) in table.iter().filter(|(k, _)| obj.contains_key(*k)) {
+            let loc: Vec<String> = prefix.into_iter().chain([*key]).map(String::from).collect();
+            out.push(Violation::new(&loc, "removed", format!("DeepSpeedConfigError: {msg}"), obj.get(*key)));
+        }
+    }
+    out
+}
+
+/// The errors DeepSpeed 0.19.8 raises on the `zero_optimization` section's
+/// model, as `DeepSpeedConfig` meets them: every field error at once, then
+/// the first validator or deprecated-key check that fails.
+fn check_zero(config: &Value) -> Vec<Violation> {
     let top = vec!["zero_optimization".to_string()];
     let mut out = Vec::new();
     let zero = match config.get("zero_optimization") {
@@ -456,13 +572,10 @@ pub fn check_zero(config: &Value) -> Vec<Violation> {
             return out;
         }
     };
-    for (key, msg) in REMOVED_ZERO_KEYS {
-        if zero.contains_key(*key) {
-            let mut loc = top.clone();
-            loc.push(key.to_string());
-            out.push(Violation::new(&loc, "removed", format!("DeepSpeedConfigError: {msg}"), zero.get(*key)));
-            return out;
-        }
+    // Removed keys are check_removed's findings; the rest is still checked.
+    let mut zero = zero;
+    for (key, _) in REMOVED_ZERO_KEYS {
+        zero.remove(*key);
     }
     let given = Walk { out: &mut out }.model(&top, &ZERO, &zero);
     if !out.is_empty() {
@@ -524,7 +637,7 @@ mod tests {
     use serde_json::json;
 
     fn keys(v: Value) -> Vec<String> {
-        check_zero(&json!({ "zero_optimization": v })).iter().map(Violation::key).collect()
+        check(&json!({ "zero_optimization": v })).iter().map(Violation::key).collect()
     }
 
     #[test]
@@ -546,7 +659,7 @@ mod tests {
         assert!(keys(nvme(json!({"pin_memory": "yes", "buffer_count": "8", "buffer_size": 1e8}))).is_empty());
         assert!(keys(nvme(json!({"buffer_count": "auto"}))).is_empty());
         assert_eq!(keys(nvme(json!({"buffer_size": "1e8"}))), ["zero_optimization.offload_param.buffer_size"]);
-        let e = check_zero(&json!({"zero_optimization": nvme(json!({"thread_count": 2}))}));
+        let e = check(&json!({"zero_optimization": nvme(json!({"thread_count": 2}))}));
         assert_eq!(e[0].kind, "extra_forbidden");
         assert!(e[0].fields.contains(&"buffer_count".to_string()));
     }
@@ -573,7 +686,20 @@ mod tests {
         assert_eq!(keys(json!({"zenflow": {"update_interval": 0}})), ["zero_optimization.zenflow"]);
         assert!(keys(json!({"leaf_module": {"classes": "a"}})).is_empty());
         assert_eq!(keys(json!({"leaf_module": {"classes": [1]}})), ["zero_optimization.leaf_module.classes.0"]);
-        assert_eq!(check_zero(&json!({"zero_optimization": "x"}))[0].kind, "not_a_mapping");
-        assert!(check_zero(&json!({"zero_optimization": true})).is_empty());
+        assert_eq!(check(&json!({"zero_optimization": "x"}))[0].kind, "not_a_mapping");
+        assert!(check(&json!({"zero_optimization": true})).is_empty());
+    }
+
+    #[test]
+    fn removed_keys_first_with_deepspeeds_text_and_the_rest_still_checked() {
+        let e = check(&json!({"zero_optimization": {"stage": 4, "mics_shard_size": 2}, "amp": {}, "nebula": null}));
+        let keys: Vec<String> = e.iter().map(Violation::key).collect();
+        assert_eq!(keys, ["nebula", "amp", "zero_optimization.mics_shard_size", "zero_optimization.stage"]);
+        assert_eq!(e[1].kind, "removed");
+        assert!(e[1].msg.starts_with("DeepSpeedConfigError: NVIDIA Apex AMP integration has been removed. Use"));
+        assert!(e[1].msg.ends_with("instead. See https://github.com/deepspeedai/DeepSpeed/issues/8489."));
+        assert!(e[2].msg.contains("'zero_optimization.mics_shard_size' is no longer supported. See https://"));
+        let elastic = &check(&json!({"elasticity": {}}))[0];
+        assert!(elastic.msg.ends_with("gradient_accumulation_steps directly. "), "{}", elastic.msg);
     }
 }

@@ -85,9 +85,9 @@ fn cuda_accelerator() -> bool {
     }
 }
 
-/// The table's errors: `zero_optimization`, then the `aio` block.
+/// The table's errors: removed keys and `zero_optimization`, then the `aio` block.
 fn from_table(cfg: &DsConfig) -> Vec<Violation> {
-    let mut out = ds_rules::check_zero(&cfg.raw);
+    let mut out = ds_rules::check(&cfg.raw);
     // Checked even when zero_optimization has errors (DeepSpeed would stop
     // there first): every error in one run.
     let creates_handle = !cfg.aio_handle_users().is_empty();
