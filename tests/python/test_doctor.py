@@ -246,14 +246,18 @@ def probe_namespace():
 
 def probe_says(path):
     errors = probe_namespace()["_config_check"](str(path))["errors"]
-    return bool(errors), {".".join(e["loc"]) for e in errors}
+    keys = [".".join(e["loc"]) for e in errors]
+    assert len(keys) == len(set(keys)), f"the probe names a key twice: {errors}"
+    return bool(errors), set(keys)
 
 
 def doctor_table_says(tmp_path, path):
     """The doctor with no DeepSpeed to ask (--python /bin/false): its table."""
     report, code = run_doctor(["--only", "config", "--python", "/bin/false", "--config", path], cwd=tmp_path)
     bad = [f for f in report["checks"] if f["status"] == "fail" and f["check"] in ("validation", "aio_handle")]
-    return bool(bad), {f["key"] for f in bad}, report
+    keys = [f["key"] for f in bad]
+    assert len(keys) == len(set(keys)), f"the table names a key twice: {bad}"
+    return bool(bad), set(keys), report
 
 
 def config_cases(nvme_path):
@@ -378,6 +382,20 @@ def test_removed_keys_fail_with_deepspeeds_own_text(tmp_path):
         assert table["status"] == "fail" and f"DeepSpeedConfigError: {message}" in table["summary"], (key, table)
         probe = [e for e in probe_namespace()["_config_check"](str(path))["errors"] if e["loc"] == loc]
         assert [e["msg"] for e in probe] == [f"DeepSpeedConfigError: {message}"], (key, probe)
+
+
+def test_a_union_field_is_one_finding_naming_each_branch(tmp_path):
+    """pydantic refuses a Union[str, int] field once per branch: DeepSpeed's
+    own validation through the doctor gives one FAIL for the key, with both
+    messages."""
+    cfg = tmp_path / "union.json"
+    cfg.write_text(json.dumps({"zero_optimization": {"stage": 3, "zenflow": {"select_interval": 2.5}}}))
+    report, code = run_doctor(["--only", "config", "--python", sys.executable, "--config", cfg])
+    fails = [f for f in report["checks"] if f["status"] == "fail"]
+    assert [f["key"] for f in fails] == ["zero_optimization.zenflow.select_interval"], fails
+    assert "str: Input should be a valid string; int: Input should be a valid integer, got a number with a " \
+        "fractional part" in fails[0]["summary"], fails
+    assert code == 1
 
 
 def test_the_doctor_asks_deepspeed_itself_when_its_python_has_it(tmp_path):

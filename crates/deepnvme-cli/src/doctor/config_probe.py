@@ -64,8 +64,10 @@ def _config_check(path):
     errors = report["errors"]
 
     def error(loc, kind, msg, value=None, fields=None):
-        errors.append({"loc": [str(x) for x in loc], "kind": kind, "msg": msg,
-                       "input": _jsonable(value), "fields": fields or []})
+        entry = {"loc": [str(x) for x in loc], "kind": kind, "msg": msg, "input": _jsonable(value),
+                 "fields": fields or []}
+        errors.append(entry)
+        return entry
 
     import pydantic
     from deepspeed.runtime import config as ds_config
@@ -100,10 +102,25 @@ def _config_check(path):
     try:
         zero = get_zero_config(cfg)
     except pydantic.ValidationError as e:
+        # pydantic reports a union field once per branch, its loc tagged with
+        # the branch ('str', 'int'): one error per key, naming each branch's
+        # message, and no (key, kind) twice.
+        by_key, seen = {}, set()
         for item in e.errors():
-            loc = ["zero_optimization"] + _input_path(cfg.get("zero_optimization", {}), list(item["loc"]))
+            path = _input_path(cfg.get("zero_optimization", {}), list(item["loc"]))
+            loc = ["zero_optimization"] + path
+            branch = ".".join(str(x) for x in item["loc"][len(path):])
+            msg = f"{branch}: {item['msg']}" if branch else item["msg"]
+            if (tuple(loc), item["type"]) in seen:
+                continue
+            seen.add((tuple(loc), item["type"]))
+            if branch and tuple(loc) in by_key:
+                by_key[tuple(loc)]["msg"] += f"; {msg}"
+                continue
             fields = _model_keys(DeepSpeedZeroConfig, loc[1:-1]) if item["type"] == "extra_forbidden" else []
-            error(loc, item["type"], item["msg"], item.get("input") if item["loc"] else None, fields)
+            entry = error(loc, item["type"], msg, item.get("input") if item["loc"] else None, fields)
+            if branch:
+                by_key[tuple(loc)] = entry
     except Exception as e:
         error(["zero_optimization"], "assertion_error" if isinstance(e, AssertionError) else "type_error",
               f"{type(e).__name__}: {e}")

@@ -384,12 +384,15 @@ impl Walk<'_> {
                     None
                 }
             },
+            // A union: one error naming each branch's refusal, as the probe
+            // merges pydantic's per-branch errors.
             Kind::StrOrInt => match v {
                 Value::String(s) => Some(Val::Str(s.clone())),
                 _ => match lax_int(v) {
                     Ok(i) => Some(Val::Int(i)),
-                    Err(_) => {
-                        self.err(loc, "string_type", "Input should be a valid string or integer", Some(v));
+                    Err((_, int)) => {
+                        let msg = format!("str: Input should be a valid string; int: {int}");
+                        self.err(loc, "string_type", msg, Some(v));
                         None
                     }
                 },
@@ -684,6 +687,13 @@ mod tests {
         assert_eq!(keys(json!({"stage": 4})), ["zero_optimization.stage"]);
         assert!(keys(json!({"stage": "3"})).is_empty());
         assert_eq!(keys(json!({"zenflow": {"update_interval": 0}})), ["zero_optimization.zenflow"]);
+        let union = check(&json!({"zero_optimization": {"zenflow": {"select_interval": 2.5}}}));
+        assert_eq!(union.len(), 1);
+        assert_eq!(
+            union[0].msg,
+            "str: Input should be a valid string; int: Input should be a valid integer, got a number with a \
+             fractional part"
+        );
         assert!(keys(json!({"leaf_module": {"classes": "a"}})).is_empty());
         assert_eq!(keys(json!({"leaf_module": {"classes": [1]}})), ["zero_optimization.leaf_module.classes.0"]);
         assert_eq!(check(&json!({"zero_optimization": "x"}))[0].kind, "not_a_mapping");
