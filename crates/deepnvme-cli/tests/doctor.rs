@@ -648,6 +648,47 @@ fn another_job_in_the_same_nvme_path_is_named() {
     expect(finding(&j, "sharing", "swap files"), "ok", &["earlier job"], &[]);
 }
 
+/// A busy folder: another process has a file open there that is no
+/// DeepSpeed swap file (a log, a dataset). Listed, not a warning; DeepSpeed's
+/// own swap folders, under another name for the folder, still are.
+#[test]
+fn other_open_files_are_listed_not_warned() {
+    let _g = SYSTEM_WIDE.read().unwrap();
+    let dir = TempDir::new("doctor-busy");
+    let log = dir.0.join("logs/train.log");
+    std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+    std::fs::write(&log, b"step 1\n").unwrap();
+    let swap = dir.0.join("zero_stage_3/optimizer/rank0/7.tensor.swp");
+    std::fs::create_dir_all(swap.parent().unwrap()).unwrap();
+    std::fs::write(&swap, vec![0u8; 4096]).unwrap();
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options().write(true).open(&swap).unwrap().set_modified(old).unwrap();
+    let hold = |file: &Path| {
+        let child = Command::new("sh").args(["-c", "exec 3<\"$1\"; exec sleep 60", "sh"]).arg(file).spawn().unwrap();
+        let fd = format!("/proc/{}/fd/3", child.id());
+        let t0 = std::time::Instant::now();
+        while std::fs::read_link(&fd).ok().as_deref() != Some(file) {
+            assert!(t0.elapsed().as_secs() < 10, "the other process never opened {file:?}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child
+    };
+    let mut reader = hold(&log);
+    let (j, code, err) = run(doctor_cmd(&dir.0, &["--json", "--only", "sharing"]));
+    let open = finding(&j, "sharing", "open files");
+    expect(open, "ok", &[&format!("pid {} (sleep)", reader.id()), "train.log", "no DeepSpeed swap file"], &[]);
+    assert!(problems(&j).is_empty(), "{:#?}", problems(&j));
+    assert_eq!(code, Some(0), "{err}");
+    // Checked as the optimizer's own folder: its rank folders' files are swap files.
+    let mut swapper = hold(&swap);
+    let (j, _, _) = run(doctor_cmd(&dir.0.join("zero_stage_3/optimizer"), &["--json", "--only", "sharing"]));
+    for child in [&mut reader, &mut swapper] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    expect(finding(&j, "sharing", "open files"), "warn", &["7.tensor.swp", "#2006"], &["a folder of its own"]);
+}
+
 /// One training step's swaps against a budget (--step-time with
 /// --model-params), measured on the checkout's disk: a 1B-parameter job
 /// cannot swap its 34 GB in a millisecond; the finding gives the time, the
