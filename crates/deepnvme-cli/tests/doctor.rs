@@ -189,7 +189,7 @@ fn io_uring_disabled_by_sysctl_names_the_sysctl() {
     const PATH: &str = "/proc/sys/kernel/io_uring_disabled";
     let current = std::fs::read_to_string(PATH).ok().map(|s| s.trim().to_string());
     if !root() || current.as_deref() != Some("0") {
-        println!("skipped: needs root and {PATH} = 0 (it is {current:?})");
+        skip(&format!("needs root and {PATH} = 0 (it is {current:?})"));
         return;
     }
     let dir = TempDir::new("doctor-sysctl");
@@ -282,7 +282,7 @@ fn a_tiny_memlock_limit_fails_with_the_limit_and_the_fix() {
         expect(finding(&j, "memlock", "RLIMIT_MEMLOCK"), "ok", &["parameter swap buffers"], &[]);
         assert_eq!(code, Some(0), "{err}");
     } else {
-        println!("the healthy half skipped: RLIMIT_MEMLOCK is {soft} B here, without CAP_IPC_LOCK");
+        skip(&format!("the healthy half: RLIMIT_MEMLOCK is {soft} B here, without CAP_IPC_LOCK"));
     }
 }
 
@@ -319,7 +319,7 @@ fn private_tmpfs(cmd: &mut Command, dir: &Path) {
 fn a_tmpfs_directory_fails_naming_ram_and_nvme_path() {
     let _g = SYSTEM_WIDE.read().unwrap();
     if !root() {
-        println!("skipped: mounting a tmpfs in a private mount namespace needs root");
+        skip("mounting a tmpfs in a private mount namespace needs root");
         return;
     }
     let dir = TempDir::new("doctor-tmpfs");
@@ -343,7 +343,7 @@ fn a_tmpfs_directory_fails_naming_ram_and_nvme_path() {
 fn a_full_file_system_fails_naming_the_space_and_the_loop_device() {
     let _g = SYSTEM_WIDE.read().unwrap();
     if !root() || !have("unshare") || !have("mkfs.ext4") {
-        println!("skipped: needs root, unshare and mkfs.ext4 (a loop-mounted ext4 in a private mount namespace)");
+        skip("needs root, unshare and mkfs.ext4 (a loop-mounted ext4 in a private mount namespace)");
         return;
     }
     let dir = TempDir::new("doctor-full");
@@ -410,6 +410,34 @@ fn a_missing_libcufile_fails_when_the_config_wants_gds() {
     }
 }
 
+/// A GPU's device node (`/dev/nvidia0`, in a /dev of the child's own) with
+/// no driver listing it: the config section (DeepSpeed's CUDA accelerator
+/// for use_gds) and the gds section (the fix without a GPU) must agree that
+/// there is a GPU.
+#[test]
+fn the_config_and_gds_sections_agree_on_a_gpu() {
+    let _g = SYSTEM_WIDE.read().unwrap();
+    if !root() || !have("unshare") {
+        skip("needs root and unshare (a /dev of the child's own)");
+        return;
+    }
+    let dir = TempDir::new("doctor-gpu-node");
+    let cfg = write_config(&dir.0, r#", "use_gds": true"#);
+    let script = r#"mount -t tmpfs none /dev
+        mknod -m 666 /dev/null c 1 3
+        mknod -m 666 /dev/nvidia0 c 195 0
+        unset DS_ACCELERATOR DEEPNVME_CUFILE_LIB
+        exec "$1" doctor --config "$2" --only config,gds --python /bin/false --json"#;
+    let o = in_private_namespace(script, &[Path::new(BIN), &cfg]);
+    let (j, _) = report(&o);
+    let gds = findings(&j, "config", "validation").into_iter().find(|f| f["key"] == "aio.use_gds");
+    assert!(gds.is_none(), "a GPU is there, so DeepSpeed's CUDA accelerator takes use_gds: {j:#}");
+    for f in findings(&j, "gds", "libraries").into_iter().chain(findings(&j, "gds", "driver")) {
+        assert!(!text(f, "fix").starts_with("there is no GPU here"), "the gds section saw no GPU: {f:#}");
+    }
+    assert!(nvidia_gpu() || !Path::new("/dev/nvidia0").exists(), "the child's /dev leaked into the test's");
+}
+
 /// Mounts a 64 MiB tmpfs on `dir` in the child's own mount namespace (see
 /// `private_tmpfs`), for a config whose optimizer state goes there while its
 /// parameters go to a disk folder: every nvme_path is checked, each named
@@ -418,7 +446,7 @@ fn a_missing_libcufile_fails_when_the_config_wants_gds() {
 fn the_optimizers_nvme_path_on_tmpfs_fails_though_the_parameters_path_is_fine() {
     let _g = SYSTEM_WIDE.read().unwrap();
     if !root() {
-        println!("skipped: mounting a tmpfs in a private mount namespace needs root");
+        skip("mounting a tmpfs in a private mount namespace needs root");
         return;
     }
     let dir = TempDir::new("doctor-two-paths");
@@ -475,11 +503,11 @@ impl Drop for BlkioGroup {
 fn a_throttled_loop_device_is_slow_and_says_why() {
     let _g = SYSTEM_WIDE.read().unwrap();
     if !root() || !have("unshare") || !have("mkfs.ext4") {
-        println!("skipped: needs root, unshare and mkfs.ext4");
+        skip("needs root, unshare and mkfs.ext4");
         return;
     }
     let Some(group) = BlkioGroup::new("throttle") else {
-        println!("skipped: no cgroup v1 blkio controller at /sys/fs/cgroup/blkio");
+        skip("no cgroup v1 blkio controller at /sys/fs/cgroup/blkio");
         return;
     };
     let dir = TempDir::new("doctor-throttle");
@@ -534,7 +562,7 @@ fn a_throttled_loop_device_is_slow_and_says_why() {
 fn ext4_data_journal_is_named_as_the_cause() {
     let _g = SYSTEM_WIDE.read().unwrap();
     if !root() || !have("unshare") || !have("mkfs.ext4") {
-        println!("skipped: needs root, unshare and mkfs.ext4");
+        skip("needs root, unshare and mkfs.ext4");
         return;
     }
     let dir = TempDir::new("doctor-journal");
@@ -563,7 +591,7 @@ fn ext4_data_journal_is_named_as_the_cause() {
 fn a_read_only_mount_is_named_as_such() {
     let _g = SYSTEM_WIDE.read().unwrap();
     if !root() || !have("unshare") {
-        println!("skipped: needs root and unshare");
+        skip("needs root and unshare");
         return;
     }
     let dir = TempDir::new("doctor-ro");

@@ -209,8 +209,8 @@ fn an_nvme_path_that_is_a_file_fails() {
 /// noise.
 #[test]
 fn use_gds_without_a_gpu_says_set_it_false() {
-    if Path::new("/proc/driver/nvidia/gpus").exists() {
-        println!("skipped: this machine has an NVIDIA GPU");
+    if nvidia_gpu() {
+        skip("use_gds_without_a_gpu_says_set_it_false: this machine has an NVIDIA GPU");
         return;
     }
     let dir = TempDir::new("doctor-gds-nogpu");

@@ -125,8 +125,12 @@ fn fix_for(e: &GdsError, candidates: &[String]) -> String {
     }
 }
 
-/// Whether this machine has an NVIDIA GPU the driver lists (or a device node).
-fn has_gpu() -> bool {
+/// Whether this machine has an NVIDIA GPU: the driver lists one
+/// (`/proc/driver/nvidia/gpus`), or its device node is there (`/dev/nvidiaN`,
+/// which a container given a GPU has). The one answer for every section:
+/// the config section asks it for DeepSpeed's accelerator, this one for
+/// the fix without a GPU.
+pub fn has_gpu() -> bool {
     let listed = std::fs::read_dir("/proc/driver/nvidia/gpus").is_ok_and(|mut d| d.next().is_some());
     let node = std::fs::read_dir("/dev").is_ok_and(|d| {
         d.flatten().any(|e| {

@@ -77,11 +77,12 @@ fn from_probe(ctx: &Context) -> Result<(Source, Vec<Violation>, Option<bool>), S
 }
 
 /// Whether DeepSpeed would pick its CUDA accelerator here: `DS_ACCELERATOR`,
-/// else a GPU the NVIDIA driver lists (DeepSpeed asks torch.cuda).
+/// else whether there is a GPU (DeepSpeed asks torch.cuda), as the gds
+/// section sees it.
 fn cuda_accelerator() -> bool {
     match std::env::var("DS_ACCELERATOR") {
         Ok(a) if !a.is_empty() => a == "cuda",
-        _ => std::fs::read_dir("/proc/driver/nvidia/gpus").is_ok_and(|mut d| d.next().is_some()),
+        _ => super::gds::has_gpu(),
     }
 }
 

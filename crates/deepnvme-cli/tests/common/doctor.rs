@@ -9,6 +9,26 @@ use serde_json::Value;
 
 use super::{stderr, stdout, BIN};
 
+/// Reports a skipped test on stderr, past libtest's output capture (which
+/// hides what a passing test prints), so a skip is never silent.
+pub fn skip(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+}
+
+/// Whether this machine has an NVIDIA GPU: the driver lists one, or a
+/// device node (`/dev/nvidia0`, ...) is there.
+pub fn nvidia_gpu() -> bool {
+    let listed = std::fs::read_dir("/proc/driver/nvidia/gpus").is_ok_and(|mut d| d.next().is_some());
+    let node = std::fs::read_dir("/dev").is_ok_and(|d| {
+        d.flatten().any(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.strip_prefix("nvidia").is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+        })
+    });
+    listed || node
+}
+
 pub fn root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
