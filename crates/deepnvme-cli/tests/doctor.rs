@@ -95,6 +95,11 @@ fn a_healthy_directory_passes_and_every_finding_is_complete() {
     let t = stdout(&o);
     assert!(t.contains("\nengine\n") && t.contains("\nfilesystem\n") && t.contains("summary: "), "{t}");
     assert!(t.contains("O_DIRECT: works") && t.contains("(--dir)"), "{t}");
+    // Without a config, the config and buffers sections have nothing to
+    // say: no empty headings.
+    let o = doctor_cmd(&dir.0, &["--only", "config,buffers,engine"]).output().unwrap();
+    let t = stdout(&o);
+    assert!(t.contains("\nengine\n") && !t.contains("\nbuffers") && !t.contains("\nconfig\n"), "{t}");
 }
 
 /// A seccomp filter answering EPERM to io_uring_setup, installed in the

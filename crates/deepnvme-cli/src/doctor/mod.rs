@@ -333,7 +333,8 @@ pub fn main(args: DoctorArgs) -> Result<(), CliError> {
     let targets = targets(&args, config.as_ref()).map_err(not_run)?;
     let mut sections: Vec<&'static str> =
         if args.only.is_empty() { SECTIONS.iter().map(|(n, _)| *n).collect() } else { args.only.clone() };
-    let skipped = |s: &str| (args.no_bench && s == "bench") || (s == "config" && config.is_none());
+    // The config and buffers sections read the config: without one they have nothing to say.
+    let skipped = |s: &str| (args.no_bench && s == "bench") || (matches!(s, "config" | "buffers") && config.is_none());
     sections.retain(|s| !skipped(s));
     let ctx = Context {
         targets,

@@ -175,8 +175,12 @@ fn wrap(text: &str, first: &str, indent: usize, width: usize) -> String {
 }
 
 /// The findings of one section, as text; those about a folder under a line
-/// naming it and the config keys that give it.
+/// naming it and the config keys that give it. A section without findings
+/// (nothing of the config's to check) prints nothing.
 pub fn print_section(name: &str, findings: &[Finding]) {
+    if findings.is_empty() {
+        return;
+    }
     println!("\n{name}");
     let mut shown: Option<(&Option<String>, &Option<String>)> = None;
     for f in findings {
