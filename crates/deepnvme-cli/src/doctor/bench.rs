@@ -3,19 +3,20 @@
 //! here (so the psync fallback's cost is measured, not guessed), then fio
 //! on the same file with the same block size and queue depth when fio is
 //! installed, the two side by side; and the GB/s against what is needed: a
-//! stated floor (`--min-gbps`, else 1 GB/s for an NVMe drive) or one
-//! training step's swaps within `--step-time`, naming why a device is slow
-//! (a cgroup limit, a loop device, a network file system, a rotational
-//! disk, an NVMe drive slower than its kind). `--bench-size` sets the bytes
-//! per pass; `--no-bench` skips the section.
+//! stated floor (`--min-gbps`, else the device kind's: `device::Facts`) or
+//! one training step's swaps within `--step-time`, and a cgroup limit the
+//! bench ran into, naming why a device is slow (a cgroup limit, a loop
+//! device, a network file system, a rotational disk, an NVMe drive slower
+//! than its kind). `--bench-size` sets the bytes per pass; `--no-bench`
+//! skips the section.
 
 use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
-use super::device;
 use super::report::Finding;
+use super::{cgroup, device};
 use super::{Context, Target};
 use crate::args::{fmt_size, fmt_size_approx};
 use crate::core_api::{self, Direction, EngineKind};
@@ -127,9 +128,9 @@ fn fio_engine(uring: bool) -> Option<&'static str> {
     }
 }
 
-/// An NVMe drive's floor: any PCIe 3 drive moves more than this in 1 MiB
-/// transfers, reads and writes.
-const NVME_FLOOR_GBPS: f64 = 1.0;
+/// A cgroup limit at least this share of which the bench reached is what
+/// held it (a throttle lets short bursts through, and passes are short).
+const BINDING_SHARE: f64 = 0.5;
 
 /// Bytes one training step swaps through `t` on this machine (all its
 /// ranks): reads, writes, and how they were counted. Per parameter: the
@@ -156,6 +157,18 @@ fn step_bytes(ctx: &Context, t: &Target) -> Option<(f64, f64, String)> {
     (read + write > 0).then(|| (read as f64, write as f64, how.join("; ")))
 }
 
+/// The device kinds without a floor, in words.
+fn kind_phrase(facts: &device::Facts) -> String {
+    match facts.kind {
+        Some("virtio") => format!("{}, a virtual disk: its speed is the host's storage", facts.name),
+        Some("scsi") => format!("{}, a SCSI/SATA/SAS disk: its speed is its model's", facts.name),
+        Some("memory") => format!("{}, compressed RAM", facts.name),
+        Some("loop") => format!("{}, a loop device over a device without one", facts.name),
+        Some(kind) => format!("{} ({kind})", facts.name),
+        None => "a file system without a block device".to_string(),
+    }
+}
+
 /// The GB/s measured against the floor and the job's needs, with the causes
 /// of a slow device.
 fn speed(ctx: &Context, t: &Target, write: f64, read: f64) -> Finding {
@@ -163,13 +176,20 @@ fn speed(ctx: &Context, t: &Target, write: f64, read: f64) -> Finding {
     let mount = super::filesystem::mount_of(&t.probe_dir);
     let fstype = mount.as_ref().map(|m| m.fstype.clone()).unwrap_or_default();
     let summary = format!("write {write:.3} GB/s, read {read:.3} GB/s");
-    let floor = match (ctx.min_gbps, facts.kind) {
-        (Some(g), _) => Some((g, "--min-gbps".to_string())),
-        (None, Some("nvme")) => {
-            Some((NVME_FLOOR_GBPS, "an NVMe drive's floor (any PCIe 3 drive moves more in 1 MiB transfers)".into()))
-        }
-        _ => None,
+    let floor = match ctx.min_gbps {
+        Some(g) => Some((g, "--min-gbps".to_string())),
+        None => facts.floor.clone(),
     };
+    // A cgroup limit the bench ran into is the speed measured, whatever the
+    // device: slow, with the reason, floor or not.
+    let binding: Vec<&cgroup::Limit> = facts
+        .limits
+        .iter()
+        .filter(|l| {
+            let got = if l.what.starts_with("read") { read } else { write };
+            l.bytes_per_s().is_some_and(|b| got * 1e9 >= BINDING_SHARE * b as f64)
+        })
+        .collect();
     let needs = ctx.step_time.zip(step_bytes(ctx, t)).map(|(budget, (r, w, how))| {
         let secs = r / (read * 1e9) + w / (write * 1e9);
         (budget, secs, how)
@@ -189,12 +209,16 @@ fn speed(ctx: &Context, t: &Target, write: f64, read: f64) -> Finding {
             ));
         }
     }
-    let compared = floor.is_some() || needs.is_some();
+    if !binding.is_empty() {
+        let list: Vec<String> = binding.iter().map(|l| device::fmt_limit(l)).collect();
+        short.push(format!("held to a cgroup limit ({})", list.join(", ")));
+    }
+    let compared = floor.is_some() || needs.is_some() || !binding.is_empty();
     if !compared {
         let why = if ctx.step_time.is_some() {
-            "--step-time needs --model-params and a config swapping to this folder"
+            "--step-time needs --model-params and a config swapping to this folder".to_string()
         } else {
-            "no floor for this kind of device"
+            format!("no floor for {} (docs/doctor.md lists the floors)", kind_phrase(&facts))
         };
         return Finding::skip(SECTION, "speed", format!("{summary}: not compared"))
             .why(why)

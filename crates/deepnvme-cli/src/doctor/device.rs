@@ -20,7 +20,7 @@ fn read(path: impl AsRef<Path>) -> Option<String> {
 }
 
 /// A whole disk in /sys/block.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Disk {
     name: String,
     sys: PathBuf,
@@ -140,33 +140,102 @@ fn active_scheduler(s: &str) -> Option<&str> {
     s.split_whitespace().find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
 }
 
-/// What the bench's speed finding needs to know of a folder's device.
+/// What the doctor knows of a folder's device: what the device section
+/// reports and the bench's speed finding weighs.
 #[derive(Clone, Debug, Default)]
 pub struct Facts {
     /// "nvme", "virtio", "scsi", "loop", "stacked", "memory", "other"; None
     /// without a block device.
     pub kind: Option<&'static str>,
     pub name: String,
+    /// The device doing the I/O spins (virtio and loop devices' flag says nothing).
     pub rotational: bool,
     /// The cgroup limits on it.
     pub limits: Vec<cgroup::Limit>,
+    /// The GB/s a device of its kind moves at the least, and why (see [`floor`]).
+    pub floor: Option<(f64, String)>,
+    found: Found,
+}
+
+#[derive(Clone, Debug, Default)]
+enum Found {
+    /// The folder's device number could not be read.
+    #[default]
+    Unreadable,
+    /// A file system without a block device (tmpfs, NFS, ...).
+    NoDisk {
+        fstype: String,
+        maj: u32,
+        min: u32,
+    },
+    Disk(Located),
+}
+
+#[derive(Clone, Debug)]
+struct Located {
+    /// The whole disk holding the folder, and what it is in a phrase.
+    disk: Disk,
+    what: String,
+    /// `MAJ:MIN` of the file system's device and of its whole disk.
+    devices: Vec<String>,
+    /// The device that does the I/O: `disk`, or the first device a
+    /// device-mapper or md device sits on; and its kind.
+    io: Disk,
+    io_kind: &'static str,
+}
+
+/// An NVMe drive's floor: any PCIe 3 drive moves more than this in 1 MiB
+/// transfers, reads and writes.
+pub const NVME_FLOOR_GBPS: f64 = 1.0;
+
+/// The floor of a device of `kind` (see docs/doctor.md): an NVMe drive's
+/// for NVMe (directly or under device-mapper or md); a loop device's is
+/// that of the device under its backing file; other kinds (virtio, SCSI,
+/// SATA, zram) have none, their speed being their host's or their model's.
+fn floor(io: &Disk, io_kind: &str, depth: u32) -> Option<(f64, String)> {
+    match io_kind {
+        "nvme" => Some((
+            NVME_FLOOR_GBPS,
+            format!("an NVMe drive's floor: {} is one, and any PCIe 3 drive moves more in 1 MiB transfers", io.name),
+        )),
+        "loop" if depth < 4 => {
+            let backing = PathBuf::from(io.attr("loop/backing_file")?);
+            let under = facts_at(backing.parent()?, depth + 1);
+            under.floor.map(|(g, why)| (g, format!("{why}; it holds {}'s backing file", io.name)))
+        }
+        _ => None,
+    }
 }
 
 /// The device under `dir` (whole disk and partition numbers, for limits).
 pub fn facts(dir: &Path) -> Facts {
+    facts_at(dir, 0)
+}
+
+fn facts_at(dir: &Path, depth: u32) -> Facts {
     let mount = mount_of(dir);
     let Some((maj, min)) = device_number(dir, mount.as_ref()) else { return Facts::default() };
-    let Some(disk) = disk_of(maj, min) else { return Facts::default() };
-    let (_, kind) = describe(&disk);
-    let mut devices = vec![format!("{maj}:{min}")];
-    if let Some(d) = disk.attr("dev") {
-        devices.push(d);
+    let Some(disk) = disk_of(maj, min) else {
+        let fstype = mount.map(|m| m.fstype).unwrap_or_else(|| "?".into());
+        return Facts { found: Found::NoDisk { fstype, maj, min }, ..Facts::default() };
+    };
+    let (what, kind) = describe(&disk);
+    let first = format!("{maj}:{min}");
+    let whole = disk.attr("dev").filter(|d| *d != first);
+    let devices: Vec<String> = [first].into_iter().chain(whole).collect();
+    let io = match kind {
+        "stacked" => disk.slaves().first().and_then(|s| disk_named(s)),
+        _ => None,
     }
+    .unwrap_or_else(|| disk.clone());
+    let io_kind = describe(&io).1;
     Facts {
         kind: Some(kind),
         name: disk.name.clone(),
-        rotational: disk.queue("rotational").as_deref() == Some("1") && !matches!(kind, "virtio" | "loop"),
+        rotational: io.queue("rotational").as_deref() == Some("1") && !matches!(io_kind, "virtio" | "loop"),
         limits: cgroup::limits(&devices),
+        floor: floor(&io, io_kind, depth),
+        found: Found::Disk(Located { disk, what, devices, io, io_kind }),
     }
 }
 
@@ -183,22 +252,23 @@ pub fn check(ctx: &Context) -> Vec<Finding> {
 }
 
 pub fn check_target(ctx: &Context, t: &Target) -> Vec<Finding> {
-    let mount = mount_of(&t.probe_dir);
-    let Some((maj, min)) = device_number(&t.probe_dir, mount.as_ref()) else {
-        return vec![Finding::warn(SECTION, "device", "unknown")
-            .why("the directory's device number could not be read")
-            .fix("check that the directory is readable by this user")];
+    let facts = facts(&t.probe_dir);
+    let located = match &facts.found {
+        Found::Unreadable => {
+            return vec![Finding::warn(SECTION, "device", "unknown")
+                .why("the directory's device number could not be read")
+                .fix("check that the directory is readable by this user")]
+        }
+        Found::NoDisk { fstype, maj, min } => {
+            return vec![Finding::ok(SECTION, "device", format!("none: {fstype} has no block device ({maj}:{min})"))
+                .why("nothing to check below the file system (see the filesystem section)")]
+        }
+        Found::Disk(located) => located,
     };
-    let Some(mut disk) = disk_of(maj, min) else {
-        let fs = mount.as_ref().map(|m| m.fstype.as_str()).unwrap_or("?");
-        return vec![Finding::ok(SECTION, "device", format!("none: {fs} has no block device ({maj}:{min})"))
-            .why("nothing to check below the file system (see the filesystem section)")];
-    };
+    let Located { disk, what, devices, .. } = located;
+    let kind = facts.kind.unwrap_or("other");
+    let limits = &facts.limits;
     let mut out = Vec::new();
-    let (what, kind) = describe(&disk);
-    let mut devices = vec![format!("{maj}:{min}")];
-    devices.extend(disk.attr("dev"));
-    let limits = cgroup::limits(&devices);
     let size = disk.attr("size").and_then(|s| s.parse::<u64>().ok()).map(|sectors| fmt_size_approx(sectors * 512));
     let part = disk.partition.as_ref().map(|p| format!(" (partition {p})")).unwrap_or_default();
     let summary = format!("{}{part}: {what}{}", disk.name, size.map(|s| format!(", {s}")).unwrap_or_default());
@@ -217,11 +287,7 @@ pub fn check_target(ctx: &Context, t: &Target) -> Vec<Finding> {
         _ => Finding::ok(SECTION, "device", summary),
     });
     // Properties below are those of the device that does the I/O.
-    if kind == "stacked" {
-        if let Some(first) = disk.slaves().first().and_then(|s| disk_named(s)) {
-            disk = first;
-        }
-    }
+    let (disk, kind) = (&located.io, located.io_kind);
 
     if let Some(rot) = disk.queue("rotational") {
         out.push(match (rot.as_str(), kind) {

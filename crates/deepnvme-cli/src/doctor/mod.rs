@@ -184,7 +184,8 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_positive_size_u64)]
     bench_size: u64,
 
-    /// The GB/s (10^9 B/s) the bench must reach, reads and writes [default: 1 for an NVMe drive, else none]
+    /// The GB/s (10^9 B/s) the bench must reach, reads and writes [default: the device kind's floor: 1 for an NVMe
+    /// drive, that of the device under a loop device, else none]
     #[arg(long, value_name = "GB/S", value_parser = parse_positive_f64)]
     min_gbps: Option<f64>,
 
