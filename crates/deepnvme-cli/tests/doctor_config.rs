@@ -292,6 +292,17 @@ fn too_few_buffers_for_the_parameters_zero3_keeps_gathered_fail() {
         &["= 10 parameters"],
         &["stage3_max_reuse_distance to 400000000"],
     );
+    // The same over 8 nodes: only parameters of 64 x 262144 elements or more
+    // are swapped, and the model's other weights may be smaller: a WARN.
+    let args = ["--model-params", "7B", "--largest-param", "50M", "--world-size", "8", "--nodes", "8"];
+    let (j, code) = buffers(d, &big, &args);
+    expect(
+        finding(&j, "buffers", "buffer_count"),
+        "warn",
+        &["= 10 parameters", "assumes", "16777216 elements", "1/16 of the largest"],
+        &["buffer_count to at least 10"],
+    );
+    assert_eq!(code, Some(0));
 }
 
 #[test]
