@@ -534,6 +534,8 @@ mod tests {
             "DEEPNVME_GDS_TEST_CHILD",
             "DEEPNVME_BOUNCE_TEST_CHILD",
             "DEEPNVME_BOUNCE_TEST_ENGINE",
+            // The doctor hands the config path to its own Python probe.
+            "DEEPNVME_DOCTOR_CONFIG",
         ];
         for (name, file) in used {
             if private.contains(&name.as_str()) {
