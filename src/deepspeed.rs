@@ -59,8 +59,9 @@ impl TensorDesc {
 }
 
 /// Runs the signal handlers of a pending signal (on Python's main thread,
-/// with the GIL); an exception they raise stays set for the front end to
-/// raise, and comes back as [`Error::Interrupted`]. Ok without Python.
+/// with the GIL); an exception they raise is kept for the front end to
+/// raise when the call returns, and comes back as [`Error::Interrupted`].
+/// Ok without Python.
 pub fn check_signals() -> Result<()> {
     crate::interpreter::check_signals()
 }
@@ -185,7 +186,14 @@ impl Handle {
             if is_async {
                 blocking(|| self.core.submit(op, true))
             } else {
-                blocking(|| self.core.submit_blocking_with(op, false, SIGNAL_POLL_INTERVAL, &mut check_signals))
+                blocking(|| {
+                    crate::interpreter::raise_kept_interruption(self.core.submit_blocking_with(
+                        op,
+                        false,
+                        SIGNAL_POLL_INTERVAL,
+                        &mut check_signals,
+                    ))
+                })
             }
         }))
     }
@@ -210,7 +218,7 @@ impl Handle {
     /// it with KeyboardInterrupt at once (the ops stay pending, their
     /// buffers held, for the next wait or the handle's drop).
     pub fn wait(&self) -> Result<i32> {
-        blocking(|| self.core.wait_with(SIGNAL_POLL_INTERVAL, &mut check_signals))
+        blocking(|| crate::interpreter::raise_kept_interruption(self.core.wait_with(SIGNAL_POLL_INTERVAL, &mut check_signals)))
             .map(|n| i32::try_from(n).unwrap_or(i32::MAX))
     }
 

@@ -12,7 +12,7 @@
 use crate::error::{Error, Result};
 
 #[cfg(feature = "python")]
-pub(crate) use with_python::{check_signals, emit_write_warning, without_gil};
+pub(crate) use with_python::{check_signals, emit_write_warning, raise_kept_interruption, without_gil};
 
 /// No interpreter: a blocking call just runs.
 #[cfg(not(feature = "python"))]
@@ -24,6 +24,12 @@ pub(crate) fn without_gil<T>(f: impl FnOnce() -> T) -> T {
 #[cfg(not(feature = "python"))]
 pub(crate) fn check_signals() -> Result<()> {
     Ok(())
+}
+
+/// No interpreter: no handler raised anything.
+#[cfg(not(feature = "python"))]
+pub(crate) fn raise_kept_interruption<T>(result: Result<T>) -> Result<T> {
+    result
 }
 
 /// No interpreter: the caller prints the warning itself.
@@ -139,19 +145,70 @@ mod with_python {
         }
     }
 
-    /// `PyErr_CheckSignals` with the GIL: the exception a signal handler raised
-    /// (KeyboardInterrupt) is left set, for pyo3 (`PyErr::take`) or pybind11
-    /// (`error_already_set`) to raise, and reported as [`Error::Interrupted`].
+    thread_local! {
+        /// The exception a signal handler raised during this thread's
+        /// blocking call, kept (not left set) until the call returns to the
+        /// front end: Python calls the core still makes meanwhile (a tensor's
+        /// extent, a copy) would fail with an exception pending.
+        static INTERRUPTION: std::cell::RefCell<Option<PyErr>> = const { std::cell::RefCell::new(None) };
+    }
+
+    /// Runs `f` holding the GIL through `PyGILState_Ensure`, without pyo3's
+    /// per-thread count: a handler `f` runs may call a compiled handle whose
+    /// bindings release the GIL (pybind11), which pyo3's count would not
+    /// see, so a nested `Python::try_attach` would then skip taking it. None
+    /// when the interpreter is not running.
+    fn holding_gil_uncounted<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
+        // SAFETY: Py_IsInitialized is callable from any thread; Ensure/Release
+        // pair on this thread; the token is used only while the GIL is held.
+        unsafe {
+            if pyo3::ffi::Py_IsInitialized() == 0 {
+                return None;
+            }
+            let state = pyo3::ffi::PyGILState_Ensure();
+            let out = f(Python::assume_attached());
+            pyo3::ffi::PyGILState_Release(state);
+            Some(out)
+        }
+    }
+
+    /// `PyErr_CheckSignals` with the GIL, run holding no lock of a handle:
+    /// the handlers may call any method of it. The exception a handler
+    /// raised (KeyboardInterrupt) is kept for [`raise_kept_interruption`]
+    /// (the first, if several) and reported as [`Error::Interrupted`].
     pub(crate) fn check_signals() -> crate::error::Result<()> {
-        Python::try_attach(|py| match py.check_signals() {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                let text = err.to_string();
-                err.restore(py);
-                Err(crate::error::Error::Interrupted(text))
+        holding_gil_uncounted(|py| {
+            // SAFETY: the GIL is held (above).
+            match unsafe { pyo3::ffi::PyErr_CheckSignals() } {
+                0 => Ok(()),
+                _ => {
+                    let err = PyErr::fetch(py);
+                    let text = err.to_string();
+                    INTERRUPTION.with(|kept| {
+                        kept.borrow_mut().get_or_insert(err);
+                    });
+                    Err(crate::error::Error::Interrupted(text))
+                }
             }
         })
         .unwrap_or(Ok(()))
+    }
+
+    /// At the front end's boundary, once a call returns: an exception a
+    /// signal handler raised during it is set again, for pyo3 (`PyErr::take`)
+    /// or pybind11 (`error_already_set`) to raise, and the call's result
+    /// becomes [`Error::Interrupted`] (a write still wrote everything first;
+    /// another error it had is logged).
+    pub(crate) fn raise_kept_interruption<T>(result: crate::error::Result<T>) -> crate::error::Result<T> {
+        let Some(err) = INTERRUPTION.with(|kept| kept.borrow_mut().take()) else { return result };
+        if let Err(e) = &result {
+            if !matches!(e, crate::error::Error::Interrupted(_)) {
+                crate::log::error(&format!("{e} (and the call was interrupted)"));
+            }
+        }
+        let text = err.to_string();
+        holding_gil_uncounted(|py| err.restore(py));
+        Err(crate::error::Error::Interrupted(text))
     }
 
     /// Logs `message` through `deepspeed.utils.logger.warning` unless another

@@ -15,6 +15,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::{BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager};
 
+/// The sequence number the handle gave the op this thread had admitted last
+/// (on any handle; 0 before the first): the order the model tests apply ops in.
+pub fn last_admitted_seq() -> u64 {
+    crate::handle::LAST_ADMITTED.with(|last| last.get())
+}
+
 /// A directory removed on drop, under the checkout's `target/tmp` (the
 /// checkout's file system, so O_DIRECT is real there).
 pub struct TempDir {

@@ -111,6 +111,6 @@ pub(crate) fn prepare(
         path: file.path().map(|p| p.to_path_buf()),
     };
     let completion = GdsCompletion { file, direction, file_offset, len, staging, validate };
-    let meta = OpMeta { direction: Some(direction), bytes: len as u64, bounced_bytes: 0, may_run_inline: false, footprint: None, settle_on_conflict: false };
+    let meta = OpMeta { direction: Some(direction), bytes: len as u64, bounced_bytes: 0, may_run_inline: false, footprint: None };
     Ok(PreparedOp { work: Arc::new(work), completion: Box::new(completion), meta })
 }

@@ -56,8 +56,8 @@ pub struct IoHandle {
     pub(super) engine_kind: EngineKind,
     pub(super) workers: Vec<Worker>,
     pub(super) pending: Mutex<VecDeque<Arc<InFlight>>>,
-    /// Serialises blocking calls and `wait()` (DeepSpeed's handle mutex).
-    pub(super) serial: Mutex<()>,
+    /// The ordering point's lock and sequence numbers (`order.rs`).
+    pub(super) admission: super::admission::AdmissionLock,
     /// Engine of the ops that run on the calling thread (small blocking
     /// ops, `read`/`write`) with more than one request per slice; None only
     /// after it broke, until the next such op makes a new one.
@@ -201,7 +201,7 @@ impl IoHandle {
             engine_kind,
             workers,
             pending: Mutex::new(VecDeque::new()),
-            serial: Mutex::new(()),
+            admission: Default::default(),
             inline_engine: Mutex::new(Some(inline_engine)),
             one_request_engine: Mutex::new(one_request_engine),
             route,

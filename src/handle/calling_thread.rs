@@ -9,11 +9,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::api::*;
+use super::order::*;
+use super::outcome::finish_panic;
 use super::windowed::*;
 use super::workers::*;
 use crate::config::HandleConfig;
 use crate::engine::{Engine, EngineKind, Submitter};
-use crate::error::{panic_text, Error, Result};
+use crate::error::{panic_text, Direction, Error, Result};
 use crate::op::read_ahead::ReadAheadMemory;
 use crate::op::window::{ChunkRunner, Windowed, WindowedOp};
 use crate::op::work::{OpCompletion, OpFootprint, OpWork};
@@ -24,39 +26,41 @@ use crate::threads::StartedIn;
 
 impl IoHandle {
     /// `read`/`write`: one synchronous, unsplit transfer on the calling
-    /// thread (always through the CPU path, bouncing device memory). It
-    /// takes effect after the pending ops it shares memory or file bytes with.
+    /// thread (always through the CPU path, bouncing device memory). It is
+    /// admitted like every op (`order.rs`), so it takes effect after the
+    /// ops admitted before it that share its memory or file bytes, and
+    /// before any admitted after it. Unlike a blocking `pread`, it does not
+    /// finish other pending ops (DeepSpeed's `read`/`write` do not).
     pub(crate) fn transfer_inline(&self, request: OpRequest<'_>) -> Result<()> {
         self.check_process()?;
         self.waiting(|| {
-            self.settle_memory_conflicts(&request);
-            let started = Instant::now();
-            match CpuOp::prepare(
-                request,
-                1,
-                self.config.aio_params(),
-                self.manager,
-                Mode::Blocking,
-            )? {
+            let b = &request.buffer;
+            let memory = OpFootprint::of_memory(b.ptr() as usize, b.len(), request.direction == Direction::Read);
+            let (entry, prepared) = {
+                let turn = self.admission.enter()?;
+                self.settle_matching(|fp| fp.memory_conflicts(&memory))?;
+                let prepared = CpuOp::prepare(request, 1, self.config.aio_params(), self.manager, Mode::Blocking)?;
+                let meta = match &prepared {
+                    Prepared::Op(op) => op.meta(),
+                    Prepared::Windowed(op) => windowed_meta(op),
+                };
+                (self.admit(&turn, Admit::Driven { meta, parked: None })?, prepared)
+            };
+            // Earlier queued ops on the same file bytes run their slices first.
+            entry.until_predecessors_done();
+            let result = catch_unwind(AssertUnwindSafe(|| match prepared {
                 Prepared::Op(mut op) => {
-                    let meta = op.meta();
-                    if let Some(mine) = meta.footprint {
-                        self.after_pending_conflicts(&mine);
-                    }
                     let plan = op.plan().clone();
-                    let outcome = self.run_on_inline_engine(plan.as_ref(), meta.bytes);
-                    let result = op.finish(outcome);
-                    self.record(meta, result.is_ok(), started);
-                    result
+                    let outcome = self.run_on_inline_engine(plan.as_ref(), entry.meta.bytes);
+                    op.finish(outcome)
                 }
-                Prepared::Windowed(op) => {
-                    let meta = windowed_meta(&op);
-                    self.after_pending_conflicts(&op.footprint());
-                    let outcome = self.with_inline_engine(|engine| run_windowed_inline(op, engine));
-                    self.record(meta, outcome.is_ok(), started);
-                    outcome
-                }
-            }
+                Prepared::Windowed(op) => self.with_inline_engine(|engine| run_windowed_inline(op, engine)),
+            }))
+            .unwrap_or_else(|payload| Err(finish_panic(&*payload)));
+            entry.end_driven();
+            self.retire(&entry);
+            self.record(entry.meta, result.is_ok(), entry.started);
+            result
         })
     }
 
@@ -85,18 +89,6 @@ impl IoHandle {
             *slot = None;
         }
         out
-    }
-
-    /// Before an op on the calling thread: the pending ops it shares memory
-    /// or file bytes with have run their slices (a suspended windowed read
-    /// is resumed to its end).
-    fn after_pending_conflicts(&self, mine: &OpFootprint) {
-        for earlier in self.pending_matching(|fp| fp.conflicts(mine)) {
-            match earlier.meta.settle_on_conflict {
-                true => earlier.settle(),
-                false => _ = earlier.until_slices_done(),
-            }
-        }
     }
 
     /// One unsplit synchronous transfer on the calling thread with `config`'s

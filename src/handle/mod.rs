@@ -51,10 +51,13 @@
 //! `windowed` (blocking ops through bounce windows), `device` (GDS routing)
 //! `owned` (owned buffers) and `scoped` (async ops on borrowed memory).
 
+mod admission;
 mod api;
 mod calling_thread;
 mod device;
 mod latch;
+mod order;
+mod outcome;
 mod owned;
 mod scoped;
 mod submit;
@@ -64,3 +67,5 @@ mod workers;
 pub use api::IoHandle;
 pub use owned::Pending;
 pub use scoped::OpScope;
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) use order::LAST_ADMITTED;

@@ -4,21 +4,25 @@
 //! polling `*_with` pair) are crate-internal: the Rust API (`api.rs`,
 //! `scoped.rs`) is built on them, and `crate::deepspeed` exposes them.
 
-use std::sync::{Arc, Weak};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::api::*;
 use super::device::*;
 use super::latch::*;
+use super::admission::AdmissionTurn;
+use super::order::*;
+use super::outcome::finish_panic;
 use super::windowed::*;
 use super::workers::*;
 use crate::buffer::{BufferDesc, Location};
-use crate::error::{Direction, Error, Result};
+use crate::error::{Direction, Result};
 use crate::file::FileTarget;
 use crate::knobs;
 use crate::op::checks::check_divisible;
-use crate::op::window::{Windowed, WindowedOp};
-use crate::op::work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
+use crate::op::window::WindowedOp;
+use crate::op::work::{OpCompletion, OpFootprint, PreparedOp};
 use crate::op::{CpuOp, Mode, OpRequest, Prepared};
 use crate::stats;
 
@@ -61,22 +65,6 @@ impl IoHandle {
         }
     }
 
-    /// Before an op on `request`'s memory is prepared: every pending op
-    /// that shares that memory, where either fills it, has its effect on it
-    /// now (see [`InFlight::settle`]), so that the new op's copies and I/O
-    /// come after the earlier op's, in submission order.
-    pub(super) fn settle_memory_conflicts(&self, request: &OpRequest<'_>) {
-        let b = &request.buffer;
-        let mine = OpFootprint::of_memory(
-            b.ptr() as usize,
-            b.len(),
-            request.direction == Direction::Read,
-        );
-        for op in self.pending_matching(|fp| fp.memory_conflicts(&mine)) {
-            op.settle();
-        }
-    }
-
     /// The pending ops whose footprint matches (a snapshot of the queue).
     pub(super) fn pending_matching(
         &self,
@@ -91,158 +79,35 @@ impl IoHandle {
     }
 
     /// `pread`/`pwrite`/`async_*`/`sync_*`: submits a parallel op. With
-    /// `is_async` returns 0 at once; otherwise waits for every pending op and
-    /// returns how many finished. The buffer's [`BufferDesc`] contract holds
-    /// until the op is finished.
+    /// `is_async` returns 0 at once; otherwise waits for every op admitted
+    /// up to it and returns how many this call finished. The buffer's
+    /// [`BufferDesc`] contract holds until the op is finished.
     pub(crate) fn submit(&self, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
         self.submit_blocking_with(request, is_async, Duration::MAX, &mut || Ok(()))
     }
 
-    /// Dispatches a prepared op: with `is_async` returns 0 at once;
-    /// otherwise waits for every pending op and returns how many finished.
-    /// Slice `i` runs on worker `i % workers`.
+    /// Admits a prepared op: with `is_async` returns 0 at once; otherwise
+    /// waits as a blocking call does. Slice `i` runs on worker `i % workers`.
     #[cfg_attr(not(test), allow(dead_code))] // the internal tests run their own work
     pub(crate) fn dispatch_prepared(&self, op: PreparedOp, is_async: bool) -> Result<usize> {
         self.check_process()?;
-        self.run_prepared(
-            HandleOp::Queued(op),
-            is_async,
-            Duration::MAX,
-            &mut || Ok(()),
-        )
-    }
-
-    pub(super) fn run_prepared(
-        &self,
-        op: HandleOp,
-        is_async: bool,
-        poll: Duration,
-        between: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<usize> {
-        let op = match op {
-            HandleOp::Queued(op) if is_async => {
-                // An async submit never waits behind another thread's
-                // blocking call: DeepSpeed's bindings keep the GIL for async_*.
-                self.dispatch(op);
-                return Ok(0);
+        let admitted = {
+            let turn = self.admission.enter()?;
+            if let Some(mine) = op.meta.footprint {
+                self.settle_matching(|fp| fp.memory_conflicts(&mine))?;
             }
-            op => op,
+            self.admit_op(&turn, HandleOp::Queued(op), is_async)?
         };
-        let (result, finished) = self.waiting(|| -> Result<_> {
-            let _serial = self.serial.lock();
-            Ok(match op {
-                HandleOp::Queued(op) => match self.run_inline(op) {
-                    Ok(ran) => ran,
-                    Err(op) => {
-                        self.dispatch(op);
-                        self.until_io_idle(poll, between)?;
-                        self.wait_locked()
-                    }
-                },
-                HandleOp::Windowed(op) => {
-                    // Everything submitted before it takes effect first.
-                    let (earlier, finished) = self.wait_locked();
-                    let started = Instant::now();
-                    let meta = windowed_meta(&op);
-                    match op.start(WorkerChunks::new(self.worker_senders()), self.read_ahead.clone(), between) {
-                        Windowed::Done(outcome) => {
-                            self.record(meta, outcome.is_ok(), started);
-                            (combine(earlier, outcome), finished)
-                        }
-                        Windowed::Suspended(mut suspended) => {
-                            // Interrupted: the rest waits for the next wait().
-                            let interruption = suspended.take_interruption();
-                            let meta = OpMeta {
-                                footprint: Some(suspended.footprint()),
-                                settle_on_conflict: true,
-                                ..meta
-                            };
-                            let resume = ResumeWindowed {
-                                suspended: Some(*suspended),
-                                outcome: None,
-                            };
-                            self.dispatch(PreparedOp {
-                                work: Arc::new(NoSlices),
-                                completion: Box::new(resume),
-                                meta,
-                            });
-                            (Err(interruption), finished)
-                        }
-                    }
-                }
-            })
-        })?;
-        drop(finished);
-        result
-    }
-
-    /// A small blocking CPU op with nothing else pending runs here, on the
-    /// calling thread's turn, with the handle's inline engine (see
-    /// [`knobs::INLINE_MAX_BYTES`]); returns its result (1 op finished).
-    /// Anything else comes back to be dispatched. Called with `serial` held;
-    /// the finished completion is returned to be dropped after it is let go.
-    pub(super) fn run_inline(
-        &self,
-        op: PreparedOp,
-    ) -> std::result::Result<(Result<usize>, Finished), PreparedOp> {
-        if !op.meta.may_run_inline
-            || op.meta.bytes > knobs::INLINE_MAX_BYTES as u64
-            || !self.pending.lock().is_empty()
-        {
-            return Err(op);
-        }
-        let started = Instant::now();
-        let PreparedOp {
-            work,
-            mut completion,
-            meta,
-        } = op;
-        let outcome = self.run_on_inline_engine(work.as_ref(), meta.bytes);
-        let result = completion.finish(outcome);
-        self.record(meta, result.is_ok(), started);
-        Ok((result.map(|()| 1), vec![completion]))
-    }
-
-    /// Waits, in steps of `poll`, until the I/O of every op submitted so
-    /// far has ended (without finishing them), calling `between` after each
-    /// step that ended with I/O still running. An error from `between` ends
-    /// the wait early, the ops still pending.
-    pub(super) fn until_io_idle(
-        &self,
-        poll: Duration,
-        between: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<()> {
-        loop {
-            let deadline = Instant::now().checked_add(poll);
-            // The first op still running, if any (no list copied per step).
-            loop {
-                let running = self
-                    .pending
-                    .lock()
-                    .iter()
-                    .find(|op| !op.slices_done())
-                    .cloned();
-                match (running, deadline) {
-                    (None, _) => return Ok(()),
-                    (Some(op), None) => {
-                        op.until_slices_done();
-                    }
-                    (Some(op), Some(deadline)) if op.slices_done_by(deadline) => continue,
-                    (Some(_), Some(_)) => break,
-                }
-            }
-            between()?;
-        }
+        self.run_admitted(admitted, is_async, Duration::MAX, &mut || Ok(()))
     }
 
     /// [`IoHandle::submit`], waiting (when not `is_async`) in steps of
-    /// `poll` and calling `between` between them (the Python front ends run
-    /// pending signal handlers there, so Ctrl-C ends a long read at once).
-    /// An error from `between` is returned with the queued ops left pending,
-    /// their buffers held; a later `wait()` finishes them. A blocking op
-    /// streaming through bounce windows stops at its next window instead
-    /// (the error names how far it got). Blocking calls on one handle stay
-    /// serialised.
+    /// `poll` and calling `between` between them, holding no lock of the
+    /// handle (the Python front ends run pending signal handlers there, so
+    /// Ctrl-C ends a long read at once, and a handler may use the handle).
+    /// An error from `between` is returned with the op left pending, its
+    /// buffer held; a later `wait()` finishes it. A write is never cut
+    /// short: it writes all it was given, then returns the interruption.
     pub(crate) fn submit_blocking_with(
         &self,
         request: OpRequest<'_>,
@@ -251,31 +116,92 @@ impl IoHandle {
         between: &mut dyn FnMut() -> Result<()>,
     ) -> Result<usize> {
         self.check_process()?;
-        self.settle_memory_conflicts(&request);
-        let mode = if is_async {
-            Mode::Async
-        } else {
-            Mode::Blocking
+        let mode = if is_async { Mode::Async } else { Mode::Blocking };
+        let b = &request.buffer;
+        let memory = OpFootprint::of_memory(b.ptr() as usize, b.len(), request.direction == Direction::Read);
+        let admitted = {
+            let turn = self.admission.enter()?;
+            self.settle_matching(|fp| fp.memory_conflicts(&memory))?;
+            let op = self.prepare(request, mode)?;
+            self.admit_op(&turn, op, is_async)?
         };
-        let op = self.prepare(request, mode)?;
-        self.run_prepared(op, is_async, poll, between)
+        self.run_admitted(admitted, is_async, poll, between)
+    }
+
+    /// Admits a prepared op by how it runs: a small blocking op on the
+    /// calling thread, a windowed one driven by it, anything else queued.
+    fn admit_op(&self, turn: &AdmissionTurn<'_>, op: HandleOp, is_async: bool) -> Result<Admitted> {
+        Ok(match op {
+            HandleOp::Queued(op) if !is_async && self.may_run_inline(&op) => {
+                let PreparedOp { work, completion, meta } = op;
+                let entry = self.admit(turn, Admit::Driven { meta, parked: None })?;
+                Admitted { entry, inline: Some((work, completion)) }
+            }
+            HandleOp::Queued(op) => Admitted { entry: self.admit(turn, Admit::Queued(op))?, inline: None },
+            HandleOp::Windowed(op) => {
+                let meta = windowed_meta(&op);
+                let parked = DrivenWindowed::new(op, WorkerChunks::new(self.worker_senders()), self.read_ahead.clone());
+                Admitted { entry: self.admit(turn, Admit::Driven { meta, parked: Some(Box::new(parked)) })?, inline: None }
+            }
+        })
+    }
+
+    /// Runs (or, async, leaves to the workers) an admitted op, and for a
+    /// blocking call waits as [`IoHandle::submit_blocking_with`] says.
+    fn run_admitted(
+        &self,
+        admitted: Admitted,
+        is_async: bool,
+        poll: Duration,
+        between: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<usize> {
+        let Admitted { entry, inline } = admitted;
+        if let Some((work, completion)) = inline {
+            return self.run_inline(&entry, work, completion);
+        }
+        if entry.driver.is_some() {
+            return self.drive_windowed(&entry, poll, between);
+        }
+        if is_async {
+            return Ok(0);
+        }
+        self.wait_through(entry.seq, poll, between)
+    }
+
+    /// A small blocking CPU op with nothing else pending runs on the
+    /// calling thread, with the handle's inline engine (see
+    /// [`knobs::INLINE_MAX_BYTES`]): no hand-off to a worker and back.
+    fn may_run_inline(&self, op: &PreparedOp) -> bool {
+        op.meta.may_run_inline && op.meta.bytes <= knobs::INLINE_MAX_BYTES as u64 && self.pending.lock().is_empty()
+    }
+
+    /// Runs an admitted inline op here; returns its result (1 op finished).
+    fn run_inline(
+        &self,
+        entry: &Arc<InFlight>,
+        work: Arc<dyn crate::op::work::OpWork>,
+        mut completion: Box<dyn OpCompletion>,
+    ) -> Result<usize> {
+        let outcome = self.run_on_inline_engine(work.as_ref(), entry.meta.bytes);
+        let result = catch_unwind(AssertUnwindSafe(|| completion.finish(outcome)))
+            .unwrap_or_else(|payload| Err(finish_panic(&*payload)));
+        entry.end_driven();
+        self.retire(entry);
+        self.record(entry.meta, result.is_ok(), entry.started);
+        drop(completion);
+        result.map(|()| 1)
     }
 
     /// [`IoHandle::wait`] in steps of `poll`, calling `between` between
-    /// them; see [`IoHandle::submit_blocking_with`].
+    /// them; see [`IoHandle::submit_blocking_with`]. Finishes every op
+    /// admitted before the call.
     pub(crate) fn wait_with(
         &self,
         poll: Duration,
         between: &mut dyn FnMut() -> Result<()>,
     ) -> Result<usize> {
         self.check_process()?;
-        let (result, finished) = self.waiting(|| -> Result<_> {
-            let _serial = self.serial.lock();
-            self.until_io_idle(poll, between)?;
-            Ok(self.wait_locked())
-        })?;
-        drop(finished);
-        result
+        self.wait_through(self.admission.last_seq(), poll, between)
     }
 
     /// `pread(buffer, target, file_offset, async)` with DeepSpeed's
@@ -309,51 +235,13 @@ impl IoHandle {
         )
     }
 
-    /// Queues an op and hands its slices to the workers. Its slices wait
-    /// for those of earlier pending ops on the same file bytes.
-    pub(super) fn dispatch(&self, op: PreparedOp) {
-        if let Some(mine) = &op.meta.footprint {
-            for earlier in self.pending_matching(|fp| fp.conflicts(mine)) {
-                if earlier.meta.settle_on_conflict {
-                    earlier.settle();
-                }
-            }
-        }
-        let PreparedOp {
-            work,
-            completion,
-            meta,
-        } = op;
-        let slices = work.slice_count();
-        // Queue and hand out under one lock, so every worker sees ops in the
-        // order `wait()` finishes them.
-        let mut pending = self.pending.lock();
-        let after: Vec<Weak<InFlight>> = match &meta.footprint {
-            Some(mine) => pending
-                .iter()
-                .filter(|op| {
-                    !op.slices_done()
-                        && op
-                            .meta
-                            .footprint
-                            .as_ref()
-                            .is_some_and(|fp| fp.conflicts(mine))
-                })
-                .map(Arc::downgrade)
-                .collect(),
-            None => Vec::new(),
-        };
-        let in_flight = Arc::new(InFlight::new(work, Some(completion), meta, after));
-        pending.push_back(in_flight.clone());
-        self.send_slices(&in_flight, slices);
-    }
-
     /// Slice `i` to worker `i % workers`.
     pub(super) fn send_slices(&self, op: &Arc<InFlight>, slices: usize) {
         send_slices(&self.worker_senders(), op, slices);
     }
 
-    /// Waits for every pending op, finishes each, and returns how many.
+    /// Waits for every op submitted before the call (from any thread),
+    /// finishes those no other call is finishing, and returns how many it finished.
     pub fn wait(&self) -> Result<usize> {
         self.wait_with(Duration::MAX, &mut || Ok(()))
     }
@@ -369,44 +257,12 @@ impl IoHandle {
         out
     }
 
-    /// Finishes every pending op in order. Returns the count (or the first
-    /// error) and the finished completions, for the caller to drop once it
-    /// has let go of `serial`.
-    pub(super) fn wait_locked(&self) -> (Result<usize>, Vec<Box<dyn OpCompletion>>) {
-        let mut completed = 0usize;
-        let mut errors = Errors::default();
-        let mut finished = Vec::new();
-        loop {
-            // The op stays queued until it is finished: an op submitted
-            // meanwhile on the same memory (from another thread) must see it
-            // to settle after it (only this call, under `serial`, removes ops).
-            let Some(op) = self.pending.lock().front().cloned() else {
-                break;
-            };
-            let outcome = op.wait_slices();
-            let taken = op.completion.lock().take();
-            let result = match taken {
-                Some(mut completion) => {
-                    let r = completion.finish(outcome);
-                    finished.push(completion);
-                    r
-                }
-                None => outcome,
-            };
-            op.mark_finished();
-            let removed = self.pending.lock().pop_front();
-            debug_assert!(
-                removed.is_some_and(|r| Arc::ptr_eq(&r, &op)),
-                "ops leave the queue in order"
-            );
-            completed += 1;
-            self.record(op.meta, result.is_ok(), op.started);
-            if let Err(e) = result {
-                errors.add(e);
-            }
-        }
-        (errors.into_result(completed), finished)
-    }
+}
+
+/// An admitted op, and for one that runs inline, its work and completion.
+struct Admitted {
+    entry: Arc<InFlight>,
+    inline: Option<(Arc<dyn crate::op::work::OpWork>, Box<dyn OpCompletion>)>,
 }
 
 /// What the handle runs for a request.
@@ -417,51 +273,3 @@ pub(super) enum HandleOp {
     Windowed(WindowedOp),
 }
 
-/// The errors of the ops one call finished: the first, and how many more.
-#[derive(Default)]
-pub(super) struct Errors {
-    pub(super) first: Option<Error>,
-    pub(super) more: usize,
-}
-
-impl Errors {
-    pub(super) fn add(&mut self, e: Error) {
-        if self.first.is_none() {
-            self.first = Some(e);
-        } else {
-            self.more += 1;
-        }
-    }
-    pub(super) fn into_result(self, completed: usize) -> Result<usize> {
-        match self.first {
-            None => Ok(completed),
-            Some(e) if self.more == 0 => Err(e),
-            Some(e) => Err(Error::Many {
-                first: Box::new(e),
-                more: self.more,
-            }),
-        }
-    }
-}
-
-/// What a blocking windowed call returns: the earlier ops finished first,
-/// and the windowed op itself.
-pub(super) fn combine(earlier: Result<usize>, this: Result<()>) -> Result<usize> {
-    let mut errors = Errors::default();
-    let completed = match earlier {
-        Ok(n) => n,
-        Err(Error::Many { first, more }) => {
-            errors.first = Some(*first);
-            errors.more = more;
-            0
-        }
-        Err(e) => {
-            errors.add(e);
-            0
-        }
-    };
-    if let Err(e) = this {
-        errors.add(e);
-    }
-    errors.into_result(completed + 1)
-}

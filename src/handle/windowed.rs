@@ -1,15 +1,20 @@
 //! Blocking ops streamed through bounce windows on the handle's workers,
-//! and the queued form of one interrupted midway.
+//! run by their calling thread as driven ops (`latch.rs`), parked while it
+//! runs Python.
 
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use super::api::IoHandle;
 use super::latch::*;
+use super::outcome::{combine, finish_panic};
 use super::workers::*;
-use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::op::window::{ChunkRunner, Suspended, WindowedOp};
+use crate::op::read_ahead::ReadAheadMemory;
+use crate::op::window::{ChunkRunner, Suspended, Windowed, WindowedOp};
 use crate::op::work::{OpCompletion, OpMeta, OpWork};
 
 pub(super) fn windowed_meta(op: &WindowedOp) -> OpMeta {
@@ -20,7 +25,6 @@ pub(super) fn windowed_meta(op: &WindowedOp) -> OpMeta {
         bounced_bytes: bytes,
         may_run_inline: false,
         footprint: Some(op.footprint()),
-        settle_on_conflict: false,
     }
 }
 
@@ -69,38 +73,139 @@ impl Drop for WorkerChunks {
     }
 }
 
-/// An interrupted windowed read, queued: the next `wait()` (or a later op
-/// on the same memory or file bytes) resumes it to its end, on its thread.
-pub(super) struct ResumeWindowed {
-    pub(super) suspended: Option<Suspended<WorkerChunks>>,
-    pub(super) outcome: Option<Result<()>>,
+/// A blocking windowed op, admitted as a driven op (`latch.rs`): the state
+/// its calling thread runs it from, parked in its queue entry whenever that
+/// thread runs Python, where anyone who must wait for it runs it instead.
+pub(super) enum DrivenWindowed {
+    NotStarted { op: WindowedOp, chunks: WorkerChunks, read_ahead: ReadAheadMemory },
+    Running(Box<Suspended<WorkerChunks>>),
+    Ended(Result<()>),
 }
 
-/// The queued form of a suspended op has no slices of its own: its chunks
-/// are already with the workers, owned by its runner.
-pub(super) struct NoSlices;
+impl DrivenWindowed {
+    pub(super) fn new(op: WindowedOp, chunks: WorkerChunks, read_ahead: ReadAheadMemory) -> DrivenWindowed {
+        DrivenWindowed::NotStarted { op, chunks, read_ahead }
+    }
 
-impl OpWork for NoSlices {
-    fn slice_count(&self) -> usize {
-        0
-    }
-    fn run_slice(&self, _index: usize, _engine: &mut dyn Engine) -> Result<()> {
-        Ok(())
-    }
-    fn slice_error(&self, index: usize, detail: String) -> Error {
-        Error::Engine(format!("slice {index} of a resumed op: {detail}"))
-    }
-}
-
-impl OpCompletion for ResumeWindowed {
-    fn settle(&mut self, _slices_ok: bool) {
-        if let Some(op) = self.suspended.take() {
-            self.outcome = Some(op.resume());
+    /// Runs the op, calling `between` before each chunk; true once it ended
+    /// (its outcome kept), false when `between` failed (suspended).
+    pub(super) fn run(&mut self, between: &mut dyn FnMut() -> Result<()>) -> bool {
+        let state = std::mem::replace(self, DrivenWindowed::Ended(Ok(())));
+        let step = match state {
+            DrivenWindowed::NotStarted { op, chunks, read_ahead } => op.start(chunks, read_ahead, between),
+            DrivenWindowed::Running(suspended) => suspended.resume_until(between),
+            ended @ DrivenWindowed::Ended(_) => {
+                *self = ended;
+                return true;
+            }
+        };
+        match step {
+            Windowed::Done(outcome) => {
+                *self = DrivenWindowed::Ended(outcome);
+                true
+            }
+            Windowed::Suspended(suspended) => {
+                *self = DrivenWindowed::Running(suspended);
+                false
+            }
         }
+    }
+}
+
+impl OpCompletion for DrivenWindowed {
+    /// Runs it to its end here, keeping the outcome.
+    fn settle(&mut self, _slices_ok: bool) {
+        self.run(&mut || Ok(()));
+    }
+    fn run_steps(&mut self, between: &mut dyn FnMut() -> Result<()>) -> bool {
+        self.run(between)
     }
     fn finish(&mut self, outcome: Result<()>) -> Result<()> {
         outcome?;
-        self.settle(true);
-        self.outcome.take().unwrap_or(Ok(()))
+        self.run(&mut || Ok(()));
+        match std::mem::replace(self, DrivenWindowed::Ended(Ok(()))) {
+            DrivenWindowed::Ended(outcome) => outcome,
+            _ => Ok(()),
+        }
     }
 }
+
+/// The `between` of a windowed run on its calling thread: fails (to park
+/// the op) once `poll` has passed since the run last parked.
+struct YieldEvery {
+    poll: Duration,
+    since: Instant,
+}
+
+impl YieldEvery {
+    fn check(&mut self) -> Result<()> {
+        if self.since.elapsed() >= self.poll {
+            return Err(Error::Interrupted("time to park".into()));
+        }
+        Ok(())
+    }
+}
+
+impl IoHandle {
+    /// Runs an admitted blocking windowed op on this thread: every op
+    /// admitted before it finishes first (a blocking call waits for them,
+    /// as DeepSpeed's does), then its windows stream. Every `poll` it parks
+    /// the op and runs `between` holding nothing. An error from `between`
+    /// ends the call: a read stays parked (the next `wait()` finishes it),
+    /// a write runs to its end first (nothing the caller wrote is lost).
+    pub(super) fn drive_windowed(
+        &self,
+        entry: &Arc<InFlight>,
+        poll: Duration,
+        between: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<usize> {
+        let writes = entry.meta.direction == Some(crate::Direction::Write);
+        let mut interruption: Option<Error> = None;
+        let earlier = match self.wait_through(entry.seq - 1, poll, between) {
+            Err(e @ Error::Interrupted(_)) if writes => {
+                interruption = Some(e);
+                Ok(0)
+            }
+            Err(e @ Error::Interrupted(_)) => return Err(e),
+            other => other,
+        };
+        loop {
+            let taken = entry.completion.lock().take();
+            let Some(mut parked) = taken else {
+                // A wait() ran it and finished it: its outcome went there.
+                entry.until_finished();
+                return interruption.map_or(earlier, Err);
+            };
+            let mut yielding = YieldEvery { poll, since: Instant::now() };
+            let ended = if interruption.is_some() || poll == Duration::MAX {
+                parked.run_steps(&mut || Ok(()))
+            } else {
+                parked.run_steps(&mut || yielding.check())
+            };
+            if ended {
+                let outcome = catch_unwind(AssertUnwindSafe(|| parked.finish(Ok(()))))
+                    .unwrap_or_else(|payload| Err(finish_panic(&*payload)));
+                entry.end_driven();
+                self.retire(entry);
+                self.record(entry.meta, outcome.is_ok(), entry.started);
+                drop(parked);
+                if let Some(e) = interruption {
+                    if let Err(failed) = &outcome {
+                        crate::log::error(&failed.to_string());
+                    }
+                    return Err(e);
+                }
+                return combine(earlier, outcome);
+            }
+            // Parked: Python may run now, and may use this handle.
+            *entry.completion.lock() = Some(parked);
+            if let Err(e) = between() {
+                if !writes {
+                    return Err(e);
+                }
+                interruption = Some(e);
+            }
+        }
+    }
+}
+

@@ -24,11 +24,18 @@
 //! thread returns from it, and so leaves the hold, only once every piece is
 //! done: the helpers copy inside the same hold, never after it.
 //!
-//! **Order.** On one handle, ops take effect in submission order wherever
-//! they share caller memory or file bytes and one of them writes there: the
-//! handle settles an earlier op's copy-out before a later op on the same
-//! memory is submitted, and a later op's slices wait for an earlier op's on
-//! the same file bytes (`handle.rs`).
+//! **Order.** Every op on a handle, from any thread and by any path (async
+//! or blocking, queued, windowed, on the calling thread, GDS), is admitted
+//! at one point, `handle/order.rs`, which gives it its place in one serial
+//! order (consistent with each thread's own). Ops take effect in that order
+//! wherever two of them share caller memory or file bytes and one of them
+//! writes there: every byte range ends with the bytes of the op admitted
+//! last, and none of two such ops sees part of the other. So a blocking call
+//! is atomic against every other call on the handle, as DeepSpeed's is: an
+//! op another thread submits while it runs takes effect after it. How:
+//! before an op is prepared, the earlier ops on its memory have had their
+//! effect there (a bounced read's bytes are copied out), and its I/O starts
+//! only after the earlier ops on its file bytes have run theirs.
 
 use crate::buffer::Staging;
 use crate::error::{Error, Result};

@@ -244,7 +244,6 @@ impl CpuOp {
             bounced_bytes: if self.is_direct() { 0 } else { bytes },
             may_run_inline: true,
             footprint: Some(self.footprint),
-            settle_on_conflict: false,
         }
     }
 

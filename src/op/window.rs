@@ -142,12 +142,10 @@ impl WindowedOp {
     }
 
     /// Starts the op with `runner` and runs it to its end, calling `between`
-    /// before each chunk starts (the Python front ends check for Ctrl-C
-    /// there). An error (a chunk's or a copy's) stops it once the chunks in
-    /// flight are done. A write interrupted by `between` writes all it was
-    /// given first, then returns the interruption. A read interrupted by
-    /// `between` comes back [`Windowed::Suspended`], its chunks in flight:
-    /// the handle queues it, and the next `wait()` resumes it.
+    /// before each chunk starts. An error (a chunk's or a copy's) stops it
+    /// once the chunks in flight are done. An error from `between` suspends
+    /// it ([`Windowed::Suspended`], its chunks in flight): the handle parks
+    /// it there to run Python, and resumes it (`handle/windowed.rs`).
     pub fn start<R: ChunkRunner>(
         self,
         runner: R,
@@ -176,10 +174,9 @@ impl WindowedOp {
             chunks,
             first: None,
             done_bytes: 0,
-            interrupted: None,
         };
         match run.advance(between) {
-            Some(interruption) => Windowed::Suspended(Box::new(Suspended { run, interruption: Some(interruption) })),
+            Some(_) => Windowed::Suspended(Box::new(Suspended { run })),
             None => Windowed::Done(run.finish()),
         }
     }
@@ -205,14 +202,13 @@ impl WindowedOp {
 pub(crate) enum Windowed<R: ChunkRunner> {
     /// It ran to its end.
     Done(Result<()>),
-    /// A read interrupted midway: resume it to finish it.
+    /// Suspended midway (its `between` failed): resume it to finish it.
     Suspended(Box<Suspended<R>>),
 }
 
-/// An interrupted windowed read, its chunks in flight, its windows held.
+/// A suspended windowed op, its chunks in flight, its windows held.
 pub(crate) struct Suspended<R: ChunkRunner> {
     run: WindowRun<R>,
-    interruption: Option<Error>,
 }
 
 impl<R: ChunkRunner> Suspended<R> {
@@ -222,14 +218,13 @@ impl<R: ChunkRunner> Suspended<R> {
         self.run.finish()
     }
 
-    /// What interrupted it (for the interrupted call to return), once.
-    pub fn take_interruption(&mut self) -> Error {
-        self.interruption.take().unwrap_or_else(|| Error::Interrupted("interrupted".into()))
-    }
-
-    /// What the rest of the op touches.
-    pub fn footprint(&self) -> OpFootprint {
-        self.run.op.footprint()
+    /// Runs more of the op, calling `between` before each chunk starts, as
+    /// [`WindowedOp::start`] does.
+    pub fn resume_until(mut self, between: &mut dyn FnMut() -> Result<()>) -> Windowed<R> {
+        match self.run.advance(between) {
+            Some(_) => Windowed::Suspended(Box::new(self)),
+            None => Windowed::Done(self.run.finish()),
+        }
     }
 }
 
@@ -251,7 +246,6 @@ struct WindowRun<R: ChunkRunner> {
     chunks: usize,
     first: Option<Error>,
     done_bytes: usize,
-    interrupted: Option<Error>,
 }
 
 impl<R: ChunkRunner> Drop for WindowRun<R> {
@@ -280,14 +274,8 @@ impl<R: ChunkRunner> WindowRun<R> {
             if self.first.is_some() {
                 break;
             }
-            match between() {
-                Ok(()) => {}
-                // A write is never cut short (nothing the caller wrote is
-                // lost): the interruption is reported once it is done.
-                Err(e) if self.op.direction == Direction::Write => {
-                    self.interrupted.get_or_insert(e);
-                }
-                Err(e) => return Some(e),
+            if let Err(e) = between() {
+                return Some(e);
             }
             let Some(&w) = self.free.last() else {
                 // Not reached: an op of at least one chunk takes a window or fails.
@@ -381,6 +369,6 @@ impl<R: ChunkRunner> WindowRun<R> {
                 }));
             }
         }
-        self.interrupted.take().map_or(Ok(()), Err)
+        Ok(())
     }
 }

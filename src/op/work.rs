@@ -99,10 +99,6 @@ impl OpFootprint {
         // A read fills memory, so it writes no file bytes.
         shared && (!self.fills_memory || !other.fills_memory)
     }
-
-    pub fn conflicts(&self, other: &OpFootprint) -> bool {
-        self.memory_conflicts(other) || self.file_conflicts(other)
-    }
 }
 
 /// How an op completes in `wait()` once all its slices ran: report the
@@ -118,6 +114,13 @@ pub(crate) trait OpCompletion: Send {
     /// still does to that memory (a bounced read's copy-out) is done now, in
     /// submission order. `finish` then reports its outcome.
     fn settle(&mut self, _slices_ok: bool) {}
+    /// A driven op's run (`handle/latch.rs`): runs it, calling `between`
+    /// between its steps, until it ends (true) or `between` fails (false,
+    /// suspended, to be run again). Ops without steps run to their end.
+    fn run_steps(&mut self, _between: &mut dyn FnMut() -> Result<()>) -> bool {
+        self.settle(true);
+        true
+    }
 }
 
 /// What an op moves, for the handle's statistics.
@@ -134,9 +137,6 @@ pub(crate) struct OpMeta {
     pub may_run_inline: bool,
     /// What the op touches (None: it is ordered by nothing).
     pub footprint: Option<OpFootprint>,
-    /// The op still does its work when settled (an interrupted windowed
-    /// read): a later op that conflicts with it in any way settles it first.
-    pub settle_on_conflict: bool,
 }
 
 /// An op ready to be dispatched.
