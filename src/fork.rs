@@ -33,7 +33,7 @@
 //! for these handlers' installation ([`install`]): atomic flags, not `Once`s.
 //!
 //! Not taken, because a child never uses them:
-//! * a handle's own locks (its queue, `serial`, its engines, its ops'
+//! * a handle's own locks (its queue, its admission lock, its engines, its ops'
 //!   latches, its psync helpers' queue): a child refuses the parent's
 //!   handles (`IoHandle::check_process`) and leaks them when dropped; a new
 //!   handle has locks of its own;

@@ -412,3 +412,61 @@ fn threads_sharing_buffers_and_files_match_the_model_in_admission_order() {
         }
     }
 }
+
+/// Small blocking reads run on the calling thread when nothing is pending;
+/// they are admitted like every op, so each returns exactly the bytes of
+/// the last write admitted before it, never a later one's or a mix, while
+/// another thread keeps writing the same bytes.
+#[test]
+fn small_inline_reads_see_exactly_the_writes_admitted_before_them() {
+    let _g = serial();
+    const LEN: usize = 64 << 10;
+    const ROUNDS: usize = 1500;
+    let dir = TempDir::new("order-inline");
+    let path = dir.file("f.bin");
+    for engine in engines() {
+        let _w = watchdog(format!("inline reads vs writes on {engine:?}"), Duration::from_secs(240));
+        write_file(&path, &vec![0u8; LEN]);
+        let h = handle_with(engine, 4096, 8, false, true, 1);
+        let (writes, reads) = std::thread::scope(|s| {
+            let writer = s.spawn(|| {
+                let mut done = Vec::with_capacity(ROUNDS);
+                let mut buf = vec![0u8; LEN];
+                for i in 0..ROUNDS {
+                    let fill = (i % 255 + 1) as u8;
+                    buf.fill(fill);
+                    assert_eq!(ds::pwrite(&h, heap_desc(&mut buf), FileTarget::Path(&path), 0, true).unwrap(), 0);
+                    done.push((last_admitted_seq(), fill));
+                    h.wait().unwrap();
+                }
+                done
+            });
+            let mut seen = Vec::with_capacity(ROUNDS);
+            let mut back = vec![0u8; LEN];
+            for _ in 0..ROUNDS {
+                h.read_into(&mut back, FileTarget::Path(&path), 0).unwrap();
+                let first = back[0];
+                let whole = back.iter().all(|&b| b == first);
+                seen.push((last_admitted_seq(), whole.then_some(first)));
+            }
+            (writer.join().unwrap(), seen)
+        });
+        let mut torn = 0;
+        let mut stale_or_early = Vec::new();
+        for (seq, got) in &reads {
+            let want = writes.iter().rfind(|(w, _)| w < seq).map_or(0, |(_, f)| *f);
+            match got {
+                None => torn += 1,
+                Some(g) if *g != want => stale_or_early.push((*seq, *g, want)),
+                _ => {}
+            }
+        }
+        assert!(
+            torn == 0 && stale_or_early.is_empty(),
+            "{engine:?}: of {ROUNDS} reads, {torn} mixed two writes and {} saw another write than the last one \
+             admitted before them (seq, got, want): {:?}",
+            stale_or_early.len(),
+            &stale_or_early[..stale_or_early.len().min(5)]
+        );
+    }
+}

@@ -18,7 +18,7 @@ use crate::buffer::{Location, Staging};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::OpenFile;
 use crate::op::checks::{check_file_offset, check_read_extent, report_validation};
-use crate::op::work::{OpCompletion, OpMeta, OpWork, PreparedOp};
+use crate::op::work::{OpCompletion, OpFootprint, OpMeta, OpWork, PreparedOp};
 use crate::op::OpRequest;
 use crate::pinned::{LockMode, PageAlignedBuffer};
 
@@ -110,7 +110,11 @@ pub(crate) fn prepare(
         block_size,
         path: file.path().map(|p| p.to_path_buf()),
     };
+    // Device addresses never overlap host ones (CUDA's unified addressing),
+    // so the same footprint rule orders GPU ops among themselves and with the rest.
+    let mut footprint = OpFootprint::of_memory(device_ptr as usize, len, direction == Direction::Read);
+    footprint.file = file.order_identity().map(|id| (id, file_offset, file_offset + len as u64));
     let completion = GdsCompletion { file, direction, file_offset, len, staging, validate };
-    let meta = OpMeta { direction: Some(direction), bytes: len as u64, bounced_bytes: 0, may_run_inline: false, footprint: None };
+    let meta = OpMeta { direction: Some(direction), bytes: len as u64, bounced_bytes: 0, may_run_inline: false, footprint: Some(footprint) };
     Ok(PreparedOp { work: Arc::new(work), completion: Box::new(completion), meta })
 }

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::latch::thread_token;
 use crate::error::{Error, Result};
 use crate::sync::{Mutex, MutexGuard};
 
@@ -27,13 +28,6 @@ impl Drop for AdmissionTurn<'_> {
     fn drop(&mut self) {
         self.lock.holder.store(0, Ordering::Release);
     }
-}
-
-/// A number for this thread, never 0.
-fn thread_token() -> u64 {
-    thread_local! { static TOKEN: u64 = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed); }
-    static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
-    TOKEN.with(|t| *t)
 }
 
 impl AdmissionLock {

@@ -44,7 +44,7 @@ impl IoHandle {
                     Prepared::Op(op) => op.meta(),
                     Prepared::Windowed(op) => windowed_meta(op),
                 };
-                (self.admit(&turn, Admit::Driven { meta, parked: None })?, prepared)
+                (self.admit(&turn, Admit::Driven { meta, parked: None }, false)?, prepared)
             };
             // Earlier queued ops on the same file bytes run their slices first.
             entry.until_predecessors_done();

@@ -9,6 +9,7 @@
 //! it (a handler calling the same handle, another thread's `wait()` or
 //! conflicting submit) takes it and runs it to its end instead of waiting.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -18,7 +19,7 @@ use crate::sync::{Condvar, Mutex};
 use crate::error::{Error, Result};
 use crate::op::work::{OpCompletion, OpMeta, OpWork};
 
-/// Completions finished under the handle's `serial` lock, to be dropped
+/// Completions a call finished, to be dropped
 /// once it is let go (dropping one may release a tensor, which can take the GIL).
 pub(super) type Finished = Vec<Box<dyn OpCompletion>>;
 
@@ -38,8 +39,22 @@ pub(super) struct InFlight {
     /// Its place in the order the handle accepted ops (`order.rs`): set when
     /// it is admitted, increasing per handle.
     pub(super) seq: u64,
-    /// For a driven op, the thread that runs it.
+    /// For a driven op, the thread that submitted it (and runs it, unless
+    /// someone takes it over while it is parked).
     pub(super) driver: Option<ThreadId>,
+    /// The thread running the driven op now ([`thread_token`]; 0: parked or done).
+    pub(super) runner: AtomicU64,
+    /// A blocking call waits for this op: whoever finishes it keeps its
+    /// result here for that call, which counts and reports it.
+    pub(super) kept_for_caller: AtomicBool,
+    pub(super) kept_result: Mutex<Option<Result<()>>>,
+}
+
+/// A number for this thread, never 0.
+pub(super) fn thread_token() -> u64 {
+    static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+    thread_local! { static TOKEN: u64 = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed); }
+    TOKEN.with(|t| *t)
 }
 
 pub(super) struct SliceTally {
@@ -71,6 +86,9 @@ impl InFlight {
             after,
             seq: 0,
             driver: None,
+            runner: AtomicU64::new(0),
+            kept_for_caller: AtomicBool::new(false),
+            kept_result: Mutex::new(None),
         }
     }
 
@@ -78,8 +96,12 @@ impl InFlight {
     /// [`InFlight::end_driven`]. `parked`: its completion while nobody runs
     /// it (None while its driver does).
     pub(super) fn driven(meta: OpMeta, parked: Option<Box<dyn OpCompletion>>, after: Vec<Weak<InFlight>>) -> Self {
+        let runs_here = parked.is_none();
         let mut op = InFlight::new(Arc::new(OneRun), parked, meta, after);
         op.driver = Some(std::thread::current().id());
+        if runs_here {
+            op.runner.store(thread_token(), Ordering::Release);
+        }
         op
     }
 
@@ -92,9 +114,45 @@ impl InFlight {
         }
     }
 
-    /// Whether this thread runs this driven op (and so cannot wait for it).
+    /// Whether this thread is running this driven op now (and so cannot
+    /// wait for it: a call back into the handle from inside its run).
     pub(super) fn driven_here(&self) -> bool {
-        self.driver == Some(std::thread::current().id())
+        self.runner.load(Ordering::Acquire) == thread_token()
+    }
+
+    /// Takes a parked driven op out of its slot to run it on this thread.
+    pub(super) fn take_to_run(&self) -> Option<Box<dyn OpCompletion>> {
+        let taken = self.completion.lock().take();
+        if taken.is_some() {
+            self.runner.store(thread_token(), Ordering::Release);
+        }
+        taken
+    }
+
+    /// Parks a driven op again (its runner is about to run Python).
+    pub(super) fn park(&self, op: Box<dyn OpCompletion>) {
+        self.runner.store(0, Ordering::Release);
+        *self.completion.lock() = Some(op);
+    }
+
+    /// Whoever finishes an op a blocking call waits for keeps its result for
+    /// that call: Some(result) when it was kept, None when the result is the
+    /// finisher's to report.
+    pub(super) fn keep_for_caller(&self, result: Result<()>) -> Option<Result<()>> {
+        if self.kept_for_caller.load(Ordering::Acquire) {
+            *self.kept_result.lock() = Some(result);
+            None
+        } else {
+            Some(result)
+        }
+    }
+
+    /// The blocking call this op was kept for stops waiting for it: a result
+    /// already kept is handed back (to be reported), and later ones go to
+    /// whoever finishes it.
+    pub(super) fn release_from_caller(&self) -> Option<Result<()>> {
+        self.kept_for_caller.store(false, Ordering::Release);
+        self.kept_result.lock().take()
     }
 
     /// Blocks until `finish` has run for the op (by whichever thread).
@@ -206,6 +264,7 @@ impl InFlight {
     }
 
     pub(super) fn mark_finished(&self) {
+        self.runner.store(0, Ordering::Release);
         self.state.lock().finished = true;
         self.done.notify_all();
     }

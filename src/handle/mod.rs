@@ -67,5 +67,5 @@ mod workers;
 pub use api::IoHandle;
 pub use owned::Pending;
 pub use scoped::OpScope;
-#[cfg(any(test, feature = "test-support"))]
+#[cfg(any(test, feature = "test-support", feature = "python"))]
 pub(crate) use order::LAST_ADMITTED;

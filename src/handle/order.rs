@@ -41,7 +41,7 @@ use super::outcome::{finish_panic, Errors};
 use crate::error::{Error, Result};
 use crate::op::work::{OpCompletion, OpFootprint, PreparedOp};
 
-#[cfg(any(test, feature = "test-support"))]
+#[cfg(any(test, feature = "test-support", feature = "python"))]
 thread_local! {
     /// The sequence number of the op this thread had admitted last, for the
     /// model tests, which apply ops in the order the handle accepted them.
@@ -75,7 +75,7 @@ impl IoHandle {
     /// Called with the admission `turn`, after the op's memory conflicts were
     /// settled and the op prepared. Returns its entry in the queue; a queued
     /// op's slices are sent to the workers.
-    pub(super) fn admit(&self, _turn: &AdmissionTurn<'_>, op: Admit) -> Result<Arc<InFlight>> {
+    pub(super) fn admit(&self, _turn: &AdmissionTurn<'_>, op: Admit, for_caller: bool) -> Result<Arc<InFlight>> {
         let meta = match &op {
             Admit::Queued(op) => op.meta,
             Admit::Driven { meta, .. } => *meta,
@@ -110,7 +110,9 @@ impl IoHandle {
             Admit::Driven { parked, .. } => (InFlight::driven(meta, parked, after), None),
         };
         entry.seq = self.admission.next_seq();
-        #[cfg(any(test, feature = "test-support"))]
+        // Before it is queued: whoever finishes it keeps its result for the call.
+        entry.kept_for_caller.store(for_caller, std::sync::atomic::Ordering::Release);
+        #[cfg(any(test, feature = "test-support", feature = "python"))]
         LAST_ADMITTED.with(|last| last.set(entry.seq));
         let entry = Arc::new(entry);
         pending.push_back(entry.clone());
@@ -171,6 +173,7 @@ impl IoHandle {
     pub(super) fn finish_through(
         &self,
         last: u64,
+        own: bool,
         poll: Duration,
         between: &mut dyn FnMut() -> Result<()>,
     ) -> Result<(Result<usize>, Finished)> {
@@ -180,10 +183,11 @@ impl IoHandle {
         loop {
             let next = self.pending.lock().iter().find(|op| op.seq <= last).cloned();
             let Some(op) = next else { break };
-            let taken = op.completion.lock().take();
+            let taken = if op.driver.is_some() { op.take_to_run() } else { op.completion.lock().take() };
             let Some(mut completion) = taken else {
                 // Another thread finishes it (or, driven, runs it).
                 if op.driven_here() {
+                    errors.log_dropped();
                     return Err(Error::InvalidArgument(
                         "a wait on this handle was made from inside one of its own blocking calls (a copy or \
                          callback it ran): it cannot wait for itself"
@@ -191,12 +195,14 @@ impl IoHandle {
                     ));
                 }
                 loop {
-                    let deadline = Instant::now().checked_add(poll);
-                    match deadline {
+                    match Instant::now().checked_add(poll) {
                         None => op.until_finished(),
                         Some(d) if op.finished_by(d) => {}
                         Some(_) => {
-                            between()?;
+                            if let Err(e) = between() {
+                                errors.log_dropped();
+                                return Err(e);
+                            }
                             continue;
                         }
                     }
@@ -204,32 +210,43 @@ impl IoHandle {
                 }
                 continue;
             };
-            let outcome = if op.driver.is_some() { Ok(()) } else { op.wait_slices() };
+            let outcome = if op.driver.is_some() {
+                op.until_predecessors_done();
+                Ok(())
+            } else {
+                op.wait_slices()
+            };
             let result = catch_unwind(AssertUnwindSafe(|| completion.finish(outcome)))
                 .unwrap_or_else(|payload| Err(finish_panic(&*payload)));
+            let result = if own && op.seq == last { Some(result) } else { op.keep_for_caller(result) };
             op.end_driven();
             finished.push(completion);
             self.retire(&op);
-            completed += 1;
-            self.record(op.meta, result.is_ok(), op.started);
-            if let Err(e) = result {
-                errors.add(e);
+            self.record(op.meta, result.as_ref().is_none_or(|r| r.is_ok()), op.started);
+            // A result kept for a blocking call is counted and reported there.
+            if let Some(result) = result {
+                completed += 1;
+                if let Err(e) = result {
+                    errors.add(e);
+                }
             }
         }
         Ok((errors.into_result(completed), finished))
     }
 
     /// Waits for every op admitted up to `last`, finishes those no other
-    /// thread finishes, and returns how many this call finished.
+    /// thread finishes, and returns how many this call finished (`own`: the
+    /// op numbered `last` is this blocking call's own).
     pub(super) fn wait_through(
         &self,
         last: u64,
+        own: bool,
         poll: Duration,
         between: &mut dyn FnMut() -> Result<()>,
     ) -> Result<usize> {
         let (result, finished) = self.waiting(|| {
             self.until_io_idle_through(last, poll, between)?;
-            self.finish_through(last, poll, between)
+            self.finish_through(last, own, poll, between)
         })?;
         drop(finished);
         result

@@ -18,6 +18,14 @@ impl Errors {
             self.more += 1;
         }
     }
+    /// Logs the errors a call found before it was cut short (they would
+    /// otherwise be lost with it).
+    pub(super) fn log_dropped(&mut self) {
+        if let Some(e) = self.first.take() {
+            crate::log::error(&format!("{e} (an op finished by a call that was then interrupted)"));
+        }
+    }
+
     pub(super) fn into_result(self, completed: usize) -> Result<usize> {
         match self.first {
             None => Ok(completed),

@@ -13,7 +13,7 @@ use super::device::*;
 use super::latch::*;
 use super::admission::AdmissionTurn;
 use super::order::*;
-use super::outcome::finish_panic;
+use super::outcome::{combine, finish_panic};
 use super::windowed::*;
 use super::workers::*;
 use crate::buffer::{BufferDesc, Location};
@@ -134,14 +134,14 @@ impl IoHandle {
         Ok(match op {
             HandleOp::Queued(op) if !is_async && self.may_run_inline(&op) => {
                 let PreparedOp { work, completion, meta } = op;
-                let entry = self.admit(turn, Admit::Driven { meta, parked: None })?;
+                let entry = self.admit(turn, Admit::Driven { meta, parked: None }, false)?;
                 Admitted { entry, inline: Some((work, completion)) }
             }
-            HandleOp::Queued(op) => Admitted { entry: self.admit(turn, Admit::Queued(op))?, inline: None },
+            HandleOp::Queued(op) => Admitted { entry: self.admit(turn, Admit::Queued(op), !is_async)?, inline: None },
             HandleOp::Windowed(op) => {
                 let meta = windowed_meta(&op);
                 let parked = DrivenWindowed::new(op, WorkerChunks::new(self.worker_senders()), self.read_ahead.clone());
-                Admitted { entry: self.admit(turn, Admit::Driven { meta, parked: Some(Box::new(parked)) })?, inline: None }
+                Admitted { entry: self.admit(turn, Admit::Driven { meta, parked: Some(Box::new(parked)) }, true)?, inline: None }
             }
         })
     }
@@ -165,7 +165,13 @@ impl IoHandle {
         if is_async {
             return Ok(0);
         }
-        self.wait_through(entry.seq, poll, between)
+        let waited = self.wait_through(entry.seq, true, poll, between);
+        // Finished by another call (a wait() in a signal handler, another
+        // thread's), its result was kept for this one.
+        match entry.release_from_caller() {
+            Some(kept) => combine(waited, kept),
+            None => waited,
+        }
     }
 
     /// A small blocking CPU op with nothing else pending runs on the
@@ -201,7 +207,7 @@ impl IoHandle {
         between: &mut dyn FnMut() -> Result<()>,
     ) -> Result<usize> {
         self.check_process()?;
-        self.wait_through(self.admission.last_seq(), poll, between)
+        self.wait_through(self.admission.last_seq(), false, poll, between)
     }
 
     /// `pread(buffer, target, file_offset, async)` with DeepSpeed's

@@ -91,14 +91,18 @@ impl DrivenWindowed {
     /// (its outcome kept), false when `between` failed (suspended).
     pub(super) fn run(&mut self, between: &mut dyn FnMut() -> Result<()>) -> bool {
         let state = std::mem::replace(self, DrivenWindowed::Ended(Ok(())));
-        let step = match state {
+        if let DrivenWindowed::Ended(outcome) = state {
+            *self = DrivenWindowed::Ended(outcome);
+            return true;
+        }
+        // A panic ends the op with an error naming it (its windows' I/O is
+        // waited for as the unwind drops them), never as a success.
+        let step = catch_unwind(AssertUnwindSafe(|| match state {
             DrivenWindowed::NotStarted { op, chunks, read_ahead } => op.start(chunks, read_ahead, between),
             DrivenWindowed::Running(suspended) => suspended.resume_until(between),
-            ended @ DrivenWindowed::Ended(_) => {
-                *self = ended;
-                return true;
-            }
-        };
+            DrivenWindowed::Ended(_) => unreachable!("handled above"),
+        }))
+        .unwrap_or_else(|payload| Windowed::Done(Err(finish_panic(&*payload))));
         match step {
             Windowed::Done(outcome) => {
                 *self = DrivenWindowed::Ended(outcome);
@@ -161,7 +165,7 @@ impl IoHandle {
     ) -> Result<usize> {
         let writes = entry.meta.direction == Some(crate::Direction::Write);
         let mut interruption: Option<Error> = None;
-        let earlier = match self.wait_through(entry.seq - 1, poll, between) {
+        let earlier = match self.wait_through(entry.seq - 1, false, poll, between) {
             Err(e @ Error::Interrupted(_)) if writes => {
                 interruption = Some(e);
                 Ok(0)
@@ -169,12 +173,17 @@ impl IoHandle {
             Err(e @ Error::Interrupted(_)) => return Err(e),
             other => other,
         };
+        // Whatever ended that wait, the earlier ops on the same file bytes
+        // run their slices before this op's chunks start.
+        entry.until_predecessors_done();
         loop {
-            let taken = entry.completion.lock().take();
-            let Some(mut parked) = taken else {
-                // A wait() ran it and finished it: its outcome went there.
-                entry.until_finished();
-                return interruption.map_or(earlier, Err);
+            let Some(mut parked) = entry.take_to_run() else {
+                // Someone waiting for it ran it to its end and finished it.
+                let outcome = self.until_kept(entry, poll, between, &mut interruption, writes)?;
+                return match interruption {
+                    Some(e) => Err(e),
+                    None => combine(earlier, outcome),
+                };
             };
             let mut yielding = YieldEvery { poll, since: Instant::now() };
             let ended = if interruption.is_some() || poll == Duration::MAX {
@@ -198,14 +207,51 @@ impl IoHandle {
                 return combine(earlier, outcome);
             }
             // Parked: Python may run now, and may use this handle.
-            *entry.completion.lock() = Some(parked);
+            entry.park(parked);
             if let Err(e) = between() {
                 if !writes {
+                    // A read stays parked: the next wait() finishes it.
+                    entry.release_from_caller();
                     return Err(e);
                 }
                 interruption = Some(e);
             }
         }
     }
-}
 
+    /// The outcome another thread kept for this call when it finished the
+    /// op, waited for in steps of `poll` with `between` between them (a read
+    /// interrupted meanwhile is left to its finisher).
+    fn until_kept(
+        &self,
+        entry: &Arc<InFlight>,
+        poll: Duration,
+        between: &mut dyn FnMut() -> Result<()>,
+        interruption: &mut Option<Error>,
+        writes: bool,
+    ) -> Result<Result<()>> {
+        loop {
+            let finished = match Instant::now().checked_add(poll) {
+                Some(deadline) => entry.finished_by(deadline),
+                None => {
+                    entry.until_finished();
+                    true
+                }
+            };
+            if finished {
+                return Ok(entry.release_from_caller().unwrap_or(Ok(())));
+            }
+            if interruption.is_none() {
+                if let Err(e) = between() {
+                    if !writes {
+                        if let Some(Err(kept)) = entry.release_from_caller() {
+                            crate::log::error(&kept.to_string());
+                        }
+                        return Err(e);
+                    }
+                    *interruption = Some(e);
+                }
+            }
+        }
+    }
+}

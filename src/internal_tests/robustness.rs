@@ -267,3 +267,47 @@ fn a_panic_mid_run_waits_for_the_kernel_before_the_op_fails() {
         close_fd(fd);
     }
 }
+
+/// A completion whose finish panics after a pause (so another thread is
+/// waiting for the op by then).
+struct PanickingFinish;
+
+impl OpCompletion for PanickingFinish {
+    fn finish(&mut self, _outcome: Result<()>) -> Result<()> {
+        std::thread::sleep(Duration::from_millis(200));
+        panic!("injected panic in finish");
+    }
+}
+
+/// A panic while an op is finished fails that op with an error naming the
+/// panic, and the op still counts as finished for every waiter: a second
+/// thread's `wait()` returns, and the handle takes new ops.
+#[test]
+fn a_panic_in_finishing_an_op_fails_it_and_releases_every_waiter() {
+    use crate::op::work::OpMeta;
+    for engine in engines() {
+        let h = handle_with(engine, 4096, 4, false, true, 2);
+        let threads = Arc::new(crate::sync::Mutex::new(Vec::new()));
+        let meta = OpMeta { bytes: 8192, ..Default::default() };
+        let op = PreparedOp { work: Arc::new(ThreadRecordingWork(threads)), completion: Box::new(PanickingFinish), meta };
+        assert_eq!(h.dispatch_prepared(op, true).unwrap(), 0);
+        let (first, second) = std::thread::scope(|s| {
+            let first = s.spawn(|| h.wait());
+            std::thread::sleep(Duration::from_millis(50));
+            let second = s.spawn(|| h.wait());
+            (first.join().unwrap(), second.join().unwrap())
+        });
+        let failed = [&first, &second].into_iter().filter(|r| r.is_err()).count();
+        assert_eq!(failed, 1, "{engine:?}: one wait reports the panic: {first:?} / {second:?}");
+        let err = first.as_ref().err().or(second.as_ref().err()).unwrap().to_string();
+        assert!(err.contains("injected panic in finish"), "{engine:?}: {err}");
+        assert_eq!(h.pending_ops(), 0, "{engine:?}: the op left the queue");
+        let finished = Arc::new(AtomicUsize::new(0));
+        let op = PreparedOp {
+            work: Arc::new(ThreadRecordingWork(Arc::new(crate::sync::Mutex::new(Vec::new())))),
+            completion: Box::new(CountFinish(finished.clone())),
+            meta,
+        };
+        assert_eq!(h.dispatch_prepared(op, false).unwrap(), 1, "{engine:?}: the handle works after the panic");
+    }
+}

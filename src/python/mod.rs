@@ -32,6 +32,13 @@ use crate::engine;
 use crate::pinned::{memlock_limit, PinnedMemoryManager};
 
 /// The engine this process uses ("io_uring" or "psync").
+/// The sequence number the handle gave the op this thread had admitted
+/// last: the order the Python model test applies ops in (not API).
+#[pyfunction]
+fn _last_admitted_seq() -> u64 {
+    crate::handle::LAST_ADMITTED.with(|last| last.get())
+}
+
 #[pyfunction]
 fn engine_name() -> PyResult<&'static str> {
     engine::default_kind().map(|k| k.name()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
@@ -102,6 +109,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gds_unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(gds_environment, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
+    m.add_function(wrap_pyfunction!(_last_admitted_seq, m)?)?;
     // The front end (DeepSpeed's Python API).
     m.add_class::<handle::AioHandle>()?;
     m.add_class::<handle::GdsHandle>()?;
