@@ -236,3 +236,46 @@ def test_meta_tensor_is_refused(handle, data_dir, capfd):
     except RuntimeError:
         return
     assert rc == -1
+
+
+def _arrays_of_references():
+    """Buffers whose items are references to Python objects, by name."""
+    import numpy as np
+
+    objects = np.array([object() for _ in range(512)], dtype=object)
+    return {
+        "object": objects,
+        "structured": np.zeros(256, dtype=[("x", "<f8"), ("o", "O")]),
+        "strided": np.empty((512, 2), dtype=object)[:, 0],
+        "memoryview": memoryview(objects),
+    }
+
+
+@pytest.mark.parametrize("kind", ["object", "structured", "strided", "memoryview"])
+@pytest.mark.parametrize("method", ["sync_pread", "sync_pwrite", "async_pread", "async_pwrite", "pread", "pwrite",
+                                    "read", "write"])
+def test_buffers_of_references_are_refused_with_type_error(handle, data_dir, method, kind):
+    """An object array's bytes are PyObject pointers: a read would overwrite
+    them with file bytes (a crash at the next refcount change), a write would
+    put heap addresses in the file. Every call refuses them, on both front
+    ends (the compiled ones take only tensors)."""
+    buf = _arrays_of_references()[kind]
+    p = data_dir / "refs.bin"
+    p.write_bytes(pattern(8 * PAGE, 3))
+    call = {
+        "sync_pread": lambda: handle.sync_pread(buf, str(p)),
+        "sync_pwrite": lambda: handle.sync_pwrite(buf, str(p)),
+        "async_pread": lambda: handle.async_pread(buf, str(p)),
+        "async_pwrite": lambda: handle.async_pwrite(buf, str(p)),
+        "pread": lambda: handle.pread(buf, str(p), False, False),
+        "pwrite": lambda: handle.pwrite(buf, str(p), False, False),
+        "read": lambda: handle.read(buf, str(p), False),
+        "write": lambda: handle.write(buf, str(p), False),
+    }[method]
+    with pytest.raises(TypeError):
+        call()
+    assert handle.wait() == 0, "a refused op was queued"
+    assert p.read_bytes() == pattern(8 * PAGE, 3), "a refused write changed the file"
+    if kind != "memoryview":
+        del buf  # the references are intact: no crash when they are released
+
