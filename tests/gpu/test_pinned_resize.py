@@ -54,18 +54,22 @@ def try_resize(t, nbytes):
     except RuntimeError as e:
         return "REFUSED " + str(e).splitlines()[0]
 
+# 0. Does a pinned tensor go direct? (Bounced bytes are counted for ops that succeed.)
+probe = torch.zeros(n, dtype=torch.uint8).pin_memory()
+bounced = deepnvme.stats()["bounced_bytes"]
+assert h.sync_pread(probe, path) == 1 and torch.equal(probe, data)
+print("BOUNCED", deepnvme.stats()["bounced_bytes"] - bounced, flush=True)
+
 # 1. An async read into a pinned tensor; resize_ bigger while it is in flight.
 buf = torch.zeros(n, dtype=torch.uint8).pin_memory()
 assert buf.is_pinned() and h.is_pinned(buf)
 storage = buf.untyped_storage()
 ptr = storage.data_ptr()
-bounced = deepnvme.stats()["bounced_bytes"]
 assert h.async_pread(buf, path) == 0
 print("READ-RESIZE", try_resize(buf, 2 * n), flush=True)
 print("STORAGE-KEPT", storage.data_ptr() == ptr, flush=True)
 print("WAIT", wait(), flush=True)
 print("BYTES-OK", torch.equal(buf[:n], data), flush=True)
-print("BOUNCED", deepnvme.stats()["bounced_bytes"] - bounced, flush=True)
 print("AFTER-RESIZE", try_resize(buf, 2 * n), flush=True)
 
 # 2. Two reads into halves of one pinned tensor (one storage, two holds):
