@@ -21,6 +21,7 @@ use cxx::UniquePtr;
 use crate::buffer::{BufferDesc, Location, Staging};
 use crate::deepspeed::{self, Handle, Request, Target, TensorDesc};
 use crate::error::{catch_panic, Direction, Error};
+use crate::resize_hold::{ResizableStorage, ResizeHold};
 
 #[cxx::bridge(namespace = "deepnvme::ffi")]
 #[allow(clippy::too_many_arguments)] // DeepSpeed's signatures, flattened
@@ -59,6 +60,11 @@ pub mod bridge {
         /// The tensor's data address and byte size now (0, 0 without storage).
         fn data_address(self: &io_op_desc_t) -> usize;
         fn data_bytes(self: &io_op_desc_t) -> usize;
+        /// The storage's StorageImpl address (0 without one), and its
+        /// resizable flag: see `resize_hold.rs`.
+        fn storage_id(self: &io_op_desc_t) -> usize;
+        fn storage_resizable(self: &io_op_desc_t) -> bool;
+        fn set_storage_resizable(self: &io_op_desc_t, resizable: bool);
     }
 
     extern "Rust" {
@@ -149,6 +155,30 @@ pub mod bridge {
 /// tensor (the C++ object owns a reference) until the op is finished.
 struct TorchStaging {
     op: UniquePtr<bridge::io_op_desc_t>,
+    /// A torch-pinned tensor's storage, held unresizable while the op's
+    /// direct I/O uses its bytes (see [`staging`]); let go on drop.
+    resize_hold: Option<ResizeHold>,
+}
+
+impl ResizableStorage for bridge::io_op_desc_t {
+    fn storage_id(&self) -> usize {
+        bridge::io_op_desc_t::storage_id(self)
+    }
+    fn resizable(&self) -> bool {
+        self.storage_resizable()
+    }
+    fn set_resizable(&self, resizable: bool) {
+        self.set_storage_resizable(resizable)
+    }
+}
+
+impl Drop for TorchStaging {
+    /// Before the glue's object (and its hold on the storage) goes.
+    fn drop(&mut self) {
+        if let (Some(hold), Some(op)) = (self.resize_hold.take(), self.op.as_ref()) {
+            hold.release(op);
+        }
+    }
 }
 
 // SAFETY: the C++ object only holds a tensor reference; torch copies are
@@ -180,8 +210,17 @@ impl Staging for TorchStaging {
     }
 }
 
-fn staging(op: UniquePtr<bridge::io_op_desc_t>) -> Option<Box<dyn Staging>> {
-    (!op.is_null()).then(|| Box::new(TorchStaging { op }) as Box<dyn Staging>)
+/// The op's staging. A torch-pinned tensor goes straight to the I/O (it is
+/// contiguous page-locked host memory: `op/mod.rs`), where a growing
+/// `resize_` would free the bytes the kernel reads or writes and hand them
+/// to the next `pin_memory()`: its storage is held unresizable until the op
+/// is finished (`resize_` then raises). Memory that bounces needs no hold:
+/// its copies check where the tensor is (`op/caller.rs`).
+fn staging(op: UniquePtr<bridge::io_op_desc_t>, info: &bridge::TensorInfo) -> Option<Box<dyn Staging>> {
+    let desc = op.as_ref()?;
+    let direct = info.is_cpu && info.torch_pinned && info.contiguous && info.has_storage;
+    let resize_hold = if direct { ResizeHold::take(desc) } else { None };
+    Some(Box::new(TorchStaging { op, resize_hold }))
 }
 
 /// The core's view of a tensor the glue described.
@@ -225,7 +264,8 @@ fn request<'a>(
     validate: bool,
     file_offset: i64,
 ) -> Request<'a> {
-    Request { direction: direction(read), target, file_offset, tensor: tensor(info), staging: staging(op), validate }
+    let staging = staging(op, info);
+    Request { direction: direction(read), target, file_offset, tensor: tensor(info), staging, validate }
 }
 
 /// For entry points that answer with a value instead of an error.

@@ -49,6 +49,10 @@
 //!   (CUDA's rule for fork()), and a transfer holds the regions' lock for
 //!   its whole run, which a fork must not wait for.
 //!
+//! Not taken, because no fork finds it held: the count of torch storages
+//! held unresizable (`resize_hold.rs`, `HELD`) is only taken under the GIL
+//! (or while the interpreter finalizes), and `os.fork()` holds the GIL.
+//!
 //! Outside the crate: glibc takes malloc's locks itself (after these
 //! handlers); `log.rs` writes with write(2), never through std's stdout or
 //! stderr locks; `os.fork()` holds the GIL and the import lock, under which

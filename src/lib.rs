@@ -80,6 +80,9 @@
 //! * `threads`: how the core starts its threads (names, start failures as
 //!   errors, what a thread's owner does in a child of `fork()`), and the
 //!   list of them.
+//! * `resize_hold`: how many direct ops hold each torch-pinned tensor's
+//!   storage unresizable (the compiled front end's guard against `resize_`
+//!   freeing memory under the I/O).
 //! * `ffi` (feature `ffi`): the one cxx bridge to the C++ shims in `cpp/`:
 //!   conversion and error mapping only.
 //! * `python` (feature `python`): the pyo3 module `deepnvme._native`.
@@ -97,6 +100,7 @@ mod json;
 mod log;
 mod op;
 mod host_copy;
+mod resize_hold;
 mod sync;
 mod threads;
 

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use deepnvme::{EngineKind, FileTarget, HandleConfig, IoHandle, LockedBuffer, PinnedMemoryManager};
+use deepnvme::deepspeed::calls as ds;
 
 const MIB: usize = 1 << 20;
 
@@ -593,4 +594,70 @@ fn a_child_leaving_with_exit_after_psync_helpers_ran_exits_cleanly() {
     }
     let code = wait_child(pid, Duration::from_secs(60), "a child leaving with exit()");
     assert_eq!(code, 0, "the child's exit() did not end cleanly");
+}
+
+// ---------------------------------------------------------------------------
+// 4. A descendant with its ancestor's pid.
+// ---------------------------------------------------------------------------
+
+/// Runs `body` as the first process of a new pid namespace, where
+/// `getpid()` is 1 whoever its parent was: its exit code (`body`'s, 101
+/// when it panicked, 102 when it is not pid 1), or `None` when this process
+/// may not make a pid namespace.
+fn in_new_pid_namespace(what: &str, body: impl FnOnce() -> i32) -> Option<i32> {
+    // SAFETY: no memory touched; only this process's later children are
+    // put in the new namespace.
+    if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL | libc::ENOSPC | libc::EUSERS)) {
+            return None;
+        }
+        panic!("{what}: unshare(CLONE_NEWPID): {e}");
+    }
+    let pid = fork_child(|| if std::process::id() == 1 { body() } else { 102 });
+    Some(wait_child(pid, Duration::from_secs(60), what))
+}
+
+/// A handle made in a process with pid 1, used in its child that also has
+/// pid 1 (a nested pid namespace): the pid alone says "same process", and
+/// a call would wait for worker threads the child does not have. The
+/// handle must count the fork, as `threads::StartedIn` does, and refuse.
+#[test]
+fn a_handle_refuses_in_a_descendant_that_has_its_creators_pid() {
+    let _g = serial();
+    let engine = uring_or_psync();
+    let dir = TempDir::new("fork-same-pid");
+    let path = dir.file("same-pid.bin");
+    // The outer child makes the namespaces, so this test process keeps its own.
+    let outer = fork_child(move || {
+        let made_in_pid_1 = in_new_pid_namespace("the handle's creator", move || {
+            let h = handle_with(engine, 64 * 1024, 4, false, true, 2);
+            let data = pattern(64, 1 << 20);
+            let src = Pinned::with(&data);
+            if ds::pwrite(&h, src.desc(), FileTarget::Path(&path), 0, false).map_err(|e| e.to_string()) != Ok(1) {
+                return 10;
+            }
+            std::thread::sleep(Duration::from_millis(50)); // the workers go idle before the fork
+            let descendant = in_new_pid_namespace("the descendant with pid 1", move || {
+                match h.wait() {
+                    // Dropping `h` here would join threads that do not exist:
+                    // the child leaves with _exit (fork_child) either way.
+                    Ok(_) => 20,
+                    Err(e) if e.to_string().contains("fork") => 0,
+                    Err(_) => 21,
+                }
+            });
+            descendant.unwrap_or(30)
+        });
+        made_in_pid_1.unwrap_or(40)
+    });
+    match wait_child(outer, Duration::from_secs(120), "the namespace maker") {
+        0 => {}
+        40 => skip("no pid namespaces here (unshare(CLONE_NEWPID) refused): the same-pid fork test did not run"),
+        30 => panic!("a pid namespace could be made once but not nested: the same-pid fork test did not run"),
+        10 => panic!("the handle made in pid 1 could not write"),
+        20 => panic!("a handle made in pid 1 answered wait() in its child, also pid 1: forked() compared the pid only"),
+        21 => panic!("a handle's refusal in a same-pid child does not say fork"),
+        code => panic!("the same-pid fork test failed (exit code {code})"),
+    }
 }

@@ -160,7 +160,46 @@ def _c_strides(shape, itemsize):
     return tuple(reversed(strides))
 
 
+def _refuse_references(obj, what, holds):
+    """A TypeError unless the object's items are plain data: an item that
+    holds a reference (numpy dtype 'O', a structured dtype with such a
+    field, buffer format 'O') is a pointer to a Python object, and its
+    bytes are neither data to write to a file nor anything a read may
+    overwrite (the next refcount change would follow the file's bytes)."""
+    if holds:
+        raise TypeError(f"{what}: the {type(obj).__name__}'s items hold references to Python objects "
+                        "(an object or structured dtype with object fields), whose bytes are addresses, not data; "
+                        "pass an array of plain numbers or bytes")
+
+
+def _descr_holds_objects(descr):
+    """Whether an __array_interface__ typestr or descr names an object field."""
+    if isinstance(descr, str):
+        return descr[1:2] == "O"
+    if isinstance(descr, (list, tuple)):
+        for field in descr:
+            if isinstance(field, (list, tuple)) and len(field) >= 2 and _descr_holds_objects(field[1]):
+                return True
+    return False
+
+
+def _format_holds_objects(fmt):
+    """Whether a buffer-protocol (struct) format has an object item ('O'),
+    ignoring field names (':name:') inside structures."""
+    plain = []
+    in_name = False
+    for ch in fmt:
+        if ch == ":":
+            in_name = not in_name
+        elif not in_name:
+            plain.append(ch)
+    return "O" in plain
+
+
 def _describe_array(obj, ai, into, what):
+    dtype = getattr(obj, "dtype", None)
+    _refuse_references(obj, what, bool(getattr(dtype, "hasobject", False)) or _descr_holds_objects(ai.get("typestr"))
+                       or _descr_holds_objects(ai.get("descr")))
     data = ai.get("data")
     if not isinstance(data, tuple):  # data given as a buffer object: use the buffer path
         return None
@@ -189,6 +228,7 @@ def _describe_buffer(obj, into, what):
             f"{what}: expected a torch tensor, a numpy array or an object with the buffer protocol "
             f"(bytearray, memoryview, mmap, ...); got {type(obj).__name__}"
         ) from None
+    _refuse_references(obj, what, _format_holds_objects(view.format))
     if not view.c_contiguous:
         raise ValueError(f"{what}: the {type(obj).__name__} is not C-contiguous; pass a contiguous buffer")
     nbytes = view.nbytes

@@ -33,4 +33,15 @@ struct io_op_desc_t {
     // swapped under the op (set_, resize_, .data =). Never throws.
     virtual std::size_t data_address() const noexcept = 0;
     virtual std::size_t data_bytes() const noexcept = 0;
+
+    // The storage the op holds, for Rust's count of the ops that hold it
+    // unresizable (src/resize_hold.rs): its StorageImpl's address, 0
+    // without one.
+    virtual std::size_t storage_id() const noexcept = 0;
+
+    // StorageImpl::resizable() and set_resizable(): while it is false, a
+    // growing resize_ raises instead of freeing the bytes a direct op's I/O
+    // uses. Never throw.
+    virtual bool storage_resizable() const noexcept = 0;
+    virtual void set_storage_resizable(bool resizable) const noexcept = 0;
 };

@@ -24,4 +24,7 @@ struct cpu_op_desc_t : io_op_desc_t {
     void copy_from_host(std::size_t host_addr, std::size_t nbytes) const override;
     std::size_t data_address() const noexcept override;
     std::size_t data_bytes() const noexcept override;
+    std::size_t storage_id() const noexcept override;
+    bool storage_resizable() const noexcept override;
+    void set_storage_resizable(bool resizable) const noexcept override;
 };

@@ -57,6 +57,31 @@ std::size_t cpu_op_desc_t::data_bytes() const noexcept
     }
 }
 
+std::size_t cpu_op_desc_t::storage_id() const noexcept
+{
+    return reinterpret_cast<std::size_t>(_storage.unsafeGetStorageImpl());
+}
+
+bool cpu_op_desc_t::storage_resizable() const noexcept
+{
+    try {
+        return _storage && _storage.resizable();
+    } catch (const std::exception&) {
+        return false;
+    }
+}
+
+// Only ever sets back what storage_resizable() said (Rust keeps it), so the
+// allocator a resizable storage needs is there.
+void cpu_op_desc_t::set_storage_resizable(const bool resizable) const noexcept
+{
+    try {
+        if (_storage) { _storage.unsafeGetStorageImpl()->set_resizable(resizable); }
+    } catch (const std::exception&) {
+        // (set_resizable only asserts that a resizable storage has an allocator.)
+    }
+}
+
 cpu_op_desc_t::~cpu_op_desc_t() = default;
 
 namespace {

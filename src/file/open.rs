@@ -5,11 +5,15 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Direction, Error, Result};
 
-use super::stat::{fd_flags, fd_size, is_file_or_block_device, is_regular_file, stat_for_io, DioAlignment, FileIdentity};
+use super::stat::{
+    fd_flags, fd_size, fd_unseekable_kind, is_file_or_block_device, is_regular_file, stat_for_io, unseekable_kind,
+    DioAlignment, FileIdentity,
+};
 
 /// Where an op's bytes go.
 #[derive(Clone, Copy, Debug)]
@@ -69,6 +73,10 @@ fn cpath(path: &Path) -> Result<CString> {
     })
 }
 
+/// `open(2)`, retried when a signal interrupts it (EINTR), unless a Python
+/// signal handler raised meanwhile: Ctrl-C then ends an open that waits
+/// (for a lease holder to let go, a device, a network file system), as
+/// [`Error::Interrupted`] (see [`open_error`]).
 fn open_raw(path: &Path, flags: i32, mode: libc::mode_t) -> io::Result<RawFd> {
     let c = cpath(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     loop {
@@ -81,6 +89,84 @@ fn open_raw(path: &Path, flags: i32, mode: libc::mode_t) -> io::Result<RawFd> {
         if e.raw_os_error() != Some(libc::EINTR) {
             return Err(e);
         }
+        if let Err(raised) = crate::interpreter::check_signals() {
+            return Err(io::Error::new(io::ErrorKind::Interrupted, SignalRaised(raised.to_string())));
+        }
+    }
+}
+
+/// An open that a signal handler's exception ended (see [`open_raw`]).
+#[derive(Debug)]
+struct SignalRaised(String);
+
+impl std::fmt::Display for SignalRaised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SignalRaised {}
+
+/// The error of a failed open of `path`: [`Error::Interrupted`] when a
+/// signal handler raised during it (the front end raises that exception),
+/// else one naming the file, what was done and the errno.
+fn open_error(path: &Path, action: &'static str, source: io::Error) -> Error {
+    match source.get_ref().and_then(|e| e.downcast_ref::<SignalRaised>()) {
+        Some(SignalRaised(text)) => Error::Interrupted(format!("opening {}: {text}", path.display())),
+        None => Error::File { path: path.to_path_buf(), action, source },
+    }
+}
+
+/// Why an op refuses a file of `kind` (see [`unseekable_kind`]): ESPIPE,
+/// said in words.
+fn not_seekable(kind: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotSeekable,
+        format!(
+            "it is {kind}, which has no file offsets: deepnvme reads and writes regular files and block \
+             devices only (ESPIPE, errno {})",
+            libc::ESPIPE
+        ),
+    )
+}
+
+/// Opens `path` for an op's I/O, never waiting for the other end of a
+/// fifo: with O_NONBLOCK a fifo opens at once (or, for a write with no
+/// reader, fails with ENXIO), and is refused, as are sockets and character
+/// devices (see [`unseekable_kind`]). A regular file or block device gets
+/// O_NONBLOCK cleared. O_NONBLOCK also turns an open that would wait for a
+/// lease holder into EWOULDBLOCK (the lease break is started): that open is
+/// made again without it, and waits as a plain open would, Ctrl-C ending it
+/// ([`open_raw`]).
+fn open_for_io(path: &Path, flags: i32, mode: libc::mode_t) -> io::Result<RawFd> {
+    let fd = match open_raw(path, flags | libc::O_NONBLOCK, mode) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => open_raw(path, flags, mode)?,
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            // A fifo with no reader, or a socket: say which.
+            let kind = std::fs::metadata(path).ok().and_then(|m| unseekable_kind(m.mode() as libc::mode_t));
+            return Err(kind.map_or(e, not_seekable));
+        }
+        Err(e) => return Err(e),
+    };
+    let close = |e: io::Error| {
+        // SAFETY: closes the descriptor this function opened and hands out no more.
+        unsafe { libc::close(fd) };
+        Err(e)
+    };
+    if let Some(kind) = fd_unseekable_kind(fd) {
+        return close(not_seekable(kind));
+    }
+    match fd_flags(fd) {
+        Ok(flags) if flags & libc::O_NONBLOCK != 0 => {
+            // SAFETY: sets the status flags of our own descriptor.
+            if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } != 0 {
+                return close(io::Error::last_os_error());
+            }
+            Ok(fd)
+        }
+        Ok(_) => Ok(fd),
+        Err(e) => close(e),
     }
 }
 
@@ -122,8 +208,8 @@ impl OpenFile {
             Direction::Read => "opening for read",
             Direction::Write => "opening for write",
         };
-        let file_err = |source| Error::File { path: path.to_path_buf(), action, source };
-        match open_raw(path, base | libc::O_DIRECT, 0o600) {
+        let file_err = |source| open_error(path, action, source);
+        match open_for_io(path, base | libc::O_DIRECT, 0o600) {
             Ok(fd) => {
                 let (dio, size_at_open, identity) = stat_for_io(fd);
                 // When the file system reports no direct I/O despite
@@ -144,7 +230,7 @@ impl OpenFile {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 // The file system has no O_DIRECT (tmpfs before 6.6, some
                 // FUSE and network file systems): move the bytes buffered.
-                let fd = open_raw(path, base, 0o600).map_err(file_err)?;
+                let fd = open_for_io(path, base, 0o600).map_err(file_err)?;
                 // A directory also answers EINVAL; the transfer will then
                 // report EISDIR, so only a regular file earns the message.
                 if is_regular_file(fd) {
@@ -187,6 +273,11 @@ impl OpenFile {
     fn from_caller_fd(fd: RawFd, direction: Direction) -> Result<OpenFile> {
         let name = || PathBuf::from(format!("<fd {fd}>"));
         let flags = fd_flags(fd).map_err(|source| Error::File { path: name(), action: "inspecting caller descriptor", source })?;
+        if let Some(kind) = fd_unseekable_kind(fd) {
+            // pread/pwrite would fail with ESPIPE, or a write to a pipe
+            // nobody reads would wait for ever: refused before any I/O.
+            return Err(Error::File { path: name(), action: "checking caller descriptor", source: not_seekable(kind) });
+        }
         let access = flags & libc::O_ACCMODE;
         let keep = libc::O_DIRECT | libc::O_DSYNC | libc::O_SYNC;
         let reopened = if is_file_or_block_device(fd) {
@@ -244,14 +335,8 @@ impl OpenFile {
         let fd = match open_raw(&proc_path, mode, 0) {
             Ok(fd) => fd,
             Err(e) => match &self.path {
-                Some(p) => open_raw(p, mode, 0).map_err(|source| Error::File {
-                    path: p.clone(),
-                    action: "re-opening without O_DIRECT",
-                    source,
-                })?,
-                None => {
-                    return Err(Error::File { path: proc_path, action: "re-opening without O_DIRECT", source: e })
-                }
+                Some(p) => open_for_io(p, mode, 0).map_err(|source| open_error(p, "re-opening without O_DIRECT", source))?,
+                None => return Err(open_error(&proc_path, "re-opening without O_DIRECT", e)),
             },
         };
         self.owned.push(fd);

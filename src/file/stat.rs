@@ -127,6 +127,29 @@ pub(super) fn is_file_or_block_device(fd: RawFd) -> bool {
     }
 }
 
+/// What a file of `mode` is, when it is something an op cannot move bytes
+/// at offsets of (a fifo, a socket, a character device): its name in
+/// errors. `None` for a regular file, a block device or a directory (which
+/// fails later, with EISDIR).
+pub(super) fn unseekable_kind(mode: libc::mode_t) -> Option<&'static str> {
+    match mode & libc::S_IFMT {
+        libc::S_IFIFO => Some("a fifo (pipe)"),
+        libc::S_IFSOCK => Some("a socket"),
+        libc::S_IFCHR => Some("a character device"),
+        _ => None,
+    }
+}
+
+/// [`unseekable_kind`] of an open descriptor (`None` when fstat fails:
+/// the op then reports its own error).
+pub(super) fn fd_unseekable_kind(fd: RawFd) -> Option<&'static str> {
+    // SAFETY: fstat fills a zeroed struct.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some(st.st_mode).and_then(unseekable_kind)
+    }
+}
+
 pub(super) fn is_regular_file(fd: RawFd) -> bool {
     // SAFETY: fstat fills a zeroed struct.
     unsafe {

@@ -79,6 +79,9 @@ pub struct IoHandle {
     /// the handle but not its worker threads (and shares its rings with the
     /// parent), so every entry point refuses to run in another process.
     pub(super) creator_pid: u32,
+    /// The same process as `threads` tells it: pid and fork generation
+    /// (a descendant can have the creator's pid; see `threads::StartedIn`).
+    pub(super) started_in: threads::StartedIn,
 }
 
 pub(super) fn resolve_engine(config: &HandleConfig) -> Result<EngineKind> {
@@ -211,12 +214,13 @@ impl IoHandle {
             stream_tally,
             read_ahead: ReadAheadMemory::default(),
             creator_pid: std::process::id(),
+            started_in: threads::StartedIn::here(),
         })
     }
 
     /// True in a child made by fork() after the handle was created.
     pub(super) fn forked(&self) -> bool {
-        std::process::id() != self.creator_pid
+        !self.started_in.is_here()
     }
 
     /// Refuses at once in a process other than the one that made the handle:

@@ -70,6 +70,21 @@ pub(crate) struct Described {
     pub staging: PyStaging,
 }
 
+impl Described {
+    /// The description an op uses. A torch tensor (whose storage a growing
+    /// `resize_` can reallocate, freeing its bytes, while the op runs) is
+    /// never given to the I/O directly, even when torch-pinned: this front
+    /// end cannot make the storage unresizable (the compiled one does,
+    /// `resize_hold.rs`), so it bounces, and its copies check where the
+    /// tensor is (`op/caller.rs`). `is_pinned` still answers torch's word.
+    pub(crate) fn for_op(mut self) -> Described {
+        if self.staging.extent.is_some() {
+            self.tensor.buffer = self.tensor.buffer.pinned(false);
+        }
+        self
+    }
+}
+
 /// The op's hold on the caller's object (and on its buffer export), and the
 /// way to copy it to and from a bounce buffer: the object's own copy
 /// (`copy_`, `numpy.copyto`), called with the GIL, else for contiguous host

@@ -22,7 +22,7 @@ fn one_shot(
 ) -> PyResult<i32> {
     let what = if read { "aio_read" } else { "aio_write" };
     let path = path_arg(filename, what)?;
-    let d = describe(py, buffer, read, what)?;
+    let d = describe(py, buffer, read, what)?.for_op();
     let request = Request {
         direction: if read { Direction::Read } else { Direction::Write },
         target: Target::Path(&path),

@@ -86,7 +86,7 @@ impl Inner {
         is_async: Option<bool>,
         file_offset: i64,
     ) -> PyResult<i32> {
-        let described = describe(py, buffer, read, what)?;
+        let described = describe(py, buffer, read, what)?.for_op();
         let target = match &dest {
             Dest::Path(p) => Target::Path(p),
             Dest::Fd(fd) => Target::Fd(*fd),

@@ -315,3 +315,153 @@ fn bad_knobs_and_engines_are_refused() {
     assert_eq!(EngineKind::parse(" PSYNC "), Some(EngineKind::Psync));
     assert_eq!(EngineKind::parse("aio"), None);
 }
+
+/// Makes a fifo at `path`.
+fn mkfifo(path: &Path) {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo: {}", std::io::Error::last_os_error());
+}
+
+/// Runs `body` on a thread and fails the test if it has not returned after
+/// `limit`. An open of `fifo` that waits for its other end would hang the
+/// thread: the fifo is then opened for reading and writing here, which ends
+/// such waits, so the test fails instead of hanging.
+fn within(limit: std::time::Duration, fifo: &Path, what: &str, body: impl FnOnce() + Send + 'static) {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        body();
+        let _ = done_tx.send(());
+    });
+    match done_rx.recv_timeout(limit) {
+        Ok(()) => worker.join().unwrap(),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            // The body panicked: its message is the failure.
+            std::panic::resume_unwind(worker.join().unwrap_err())
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            let peer = open_fd(fifo, libc::O_RDWR | libc::O_NONBLOCK);
+            let _ = worker.join();
+            close_fd(peer);
+            panic!("{what}: still waiting after {limit:?} (an open waited for the fifo's other end)");
+        }
+    }
+}
+
+/// A fifo with no peer, named by path: every op (read and write, blocking,
+/// async and inline, direct and bounced) fails at once, naming the file,
+/// "fifo" and ESPIPE, never waiting for a writer or reader; nothing is
+/// queued. With a peer, it is refused the same way: it has no offsets.
+#[test]
+fn an_op_on_a_fifo_fails_at_once_naming_it() {
+    let dir = TempDir::new("fifo");
+    let fifo = dir.file("p");
+    mkfifo(&fifo);
+    for engine in engines() {
+        for peer in [false, true] {
+            let what = format!("{engine:?}, peer={peer}");
+            // A peer that holds both ends open: an op would then not wait, but must still be refused.
+            let peer_fd = peer.then(|| open_fd(&fifo, libc::O_RDWR | libc::O_NONBLOCK));
+            let path = fifo.clone();
+            let label = what.clone();
+            within(std::time::Duration::from_secs(20), &fifo, &what, move || {
+                let h = handle_with(engine, 4096, 4, false, false, 2);
+                let locked = Pinned::new(4096);
+                let mut heap = vec![0u8; 4096];
+                let target = || FileTarget::Path(&path);
+                let mut results: Vec<(&str, deepnvme::Result<usize>)> = vec![
+                    ("pread sync", ds::pread(&h, locked.desc(), target(), 0, false)),
+                    ("pread async", ds::pread(&h, locked.desc(), target(), 0, true)),
+                    ("pwrite sync", ds::pwrite(&h, locked.desc(), target(), 0, false)),
+                    ("pwrite async", ds::pwrite(&h, locked.desc(), target(), 0, true)),
+                    ("pread bounced", ds::pread(&h, heap_desc(&mut heap), target(), 0, false)),
+                    ("pwrite bounced", ds::pwrite(&h, heap_desc(&mut heap), target(), 0, false)),
+                    ("read_into", h.read_into(&mut heap, target(), 0)),
+                    ("write_from", h.write_from(&heap, target(), 0)),
+                ];
+                for direction in [Direction::Read, Direction::Write] {
+                    let r = ds::transfer_inline(&h, request(direction, target(), 0, locked.desc())).map(|_| 0);
+                    results.push((if direction == Direction::Read { "read" } else { "write" }, r));
+                }
+                for (call, r) in results {
+                    let e = r.expect_err(&format!("{label} {call}: an op on a fifo succeeded"));
+                    assert!(matches!(e, Error::File { .. }), "{label} {call}: {e}");
+                    assert_mentions(&e, &[&path.display().to_string(), "fifo", "errno 29"]);
+                }
+                assert_eq!(h.pending_ops(), 0, "{label}: a refused op queued nothing");
+                assert_eq!(h.wait().unwrap(), 0, "{label}");
+            });
+            if let Some(fd) = peer_fd {
+                let mut byte = 0u8;
+                // SAFETY: reads at most one byte into `byte` from our own descriptor.
+                let n = unsafe { libc::read(fd, (&mut byte as *mut u8).cast(), 1) };
+                assert!(n < 0, "{what}: a refused write put bytes in the fifo");
+                close_fd(fd);
+            }
+        }
+    }
+}
+
+/// A pipe given as a caller's descriptor is refused the same way (a write
+/// nobody reads would otherwise wait for ever), naming the fd.
+#[test]
+fn an_op_on_a_pipe_descriptor_is_refused_naming_it() {
+    let mut fds = [0; 2];
+    // SAFETY: a two-int array for pipe2.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0, "pipe2");
+    for engine in engines() {
+        let h = handle_with(engine, 4096, 4, false, false, 1);
+        let buf = Pinned::with(&pattern(5, 4096));
+        for (fd, r) in [
+            (fds[1], ds::pwrite(&h, buf.desc(), FileTarget::Fd(fds[1]), 0, false)),
+            (fds[1], ds::pwrite(&h, buf.desc(), FileTarget::Fd(fds[1]), 0, true)),
+            (fds[0], ds::pread(&h, buf.desc(), FileTarget::Fd(fds[0]), 0, false)),
+        ] {
+            let e = r.unwrap_err();
+            assert!(matches!(e, Error::File { .. }), "{engine:?}: {e}");
+            assert_mentions(&e, &[&format!("fd {fd}"), "fifo", "errno 29"]);
+        }
+        assert_eq!(h.wait().unwrap(), 0);
+    }
+    close_fd(fds[0]);
+    close_fd(fds[1]);
+}
+
+/// Opening without waiting for a fifo's other end (O_NONBLOCK) also makes
+/// an open that must wait for a lease holder fail with EWOULDBLOCK: the op
+/// then waits for the lease as a plain open would, and writes everything
+/// once the holder lets go (here, this test, 300 ms later).
+#[test]
+fn a_write_waits_for_a_read_lease_to_be_given_up() {
+    let dir = TempDir::new("lease");
+    let path = dir.file("leased.bin");
+    write_file(&path, &pattern(6, 8192));
+    for engine in engines() {
+        let holder = open_fd(&path, libc::O_RDONLY);
+        // SAFETY: fcntl on our own descriptor. F_SETOWN 0: the lease break
+        // sends no SIGIO (which would end this process).
+        let leased = unsafe { libc::fcntl(holder, libc::F_SETLEASE, libc::F_RDLCK) } == 0
+            && unsafe { libc::fcntl(holder, libc::F_SETOWN, 0) } == 0;
+        if !leased {
+            skip(&format!("no read lease here ({}): the lease test did not run", std::io::Error::last_os_error()));
+            close_fd(holder);
+            return;
+        }
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            // SAFETY: fcntl on the test's descriptor, which it closes after joining this thread.
+            unsafe { libc::fcntl(holder, libc::F_SETLEASE, libc::F_UNLCK) };
+        });
+        let h = handle_with(engine, 4096, 4, false, false, 2);
+        let data = pattern(7, 8192);
+        let src = Pinned::with(&data);
+        let started = std::time::Instant::now();
+        let r = ds::pwrite(&h, src.desc(), FileTarget::Path(&path), 0, false);
+        let waited = started.elapsed();
+        releaser.join().unwrap();
+        close_fd(holder);
+        assert_eq!(r.unwrap_or_else(|e| panic!("{engine:?}: a write to a leased file failed: {e}")), 1);
+        assert!(waited >= std::time::Duration::from_millis(200), "{engine:?}: the write did not wait for the lease ({waited:?})");
+        assert_bytes_eq(&read_file(&path), &data, &format!("{engine:?}: the write after the lease"));
+    }
+}

@@ -12,7 +12,10 @@
 #   4. runs tests/gpu/test_gds.py: device round trips at offsets, registered,
 #      unregistered and narrow buffers, pin/unpin, async queues, CPU tensors
 #      through gds_handle, aio_handle's bounce path for CUDA tensors, and GB/s
-#      of gds and of the bounce path side by side.
+#      of gds and of the bounce path side by side; and
+#      tests/gpu/test_pinned_resize.py: a torch-pinned tensor's bytes stay put
+#      while a direct op uses them (resize_ refused, or the tensor bounced),
+#      on both front ends.
 #
 # cuFile reads file-system properties from udev. On a throwaway VM without a
 # udev database, DEEPNVME_GPU_FAKE_UDEV=1 writes the record cuFile needs for
@@ -67,6 +70,7 @@ if [ "${DEEPNVME_GPU_FAKE_UDEV:-0}" = 1 ]; then
     fi
 fi
 
-say "running tests/gpu/test_gds.py"
-DEEPNVME_GPU_TEST_DIR="$TEST_DIR" "$PY" -m pytest -p no:cacheprovider -q -s -rs tests/gpu/test_gds.py
+say "running tests/gpu/test_gds.py and tests/gpu/test_pinned_resize.py"
+DEEPNVME_GPU_TEST_DIR="$TEST_DIR" "$PY" -m pytest -p no:cacheprovider -q -s -rs tests/gpu/test_gds.py \
+    tests/gpu/test_pinned_resize.py
 say "done"

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from _util import PAGE, pattern, tensor_from_bytes
+from _util import PAGE, pattern, run_python, tensor_from_bytes
 
 
 def _err(capfd):
@@ -236,3 +236,97 @@ def test_meta_tensor_is_refused(handle, data_dir, capfd):
     except RuntimeError:
         return
     assert rc == -1
+
+
+def _arrays_of_references():
+    """Buffers whose items are references to Python objects, by name."""
+    import numpy as np
+
+    objects = np.array([object() for _ in range(512)], dtype=object)
+    return {
+        "object": objects,
+        "structured": np.zeros(256, dtype=[("x", "<f8"), ("o", "O")]),
+        "strided": np.empty((512, 2), dtype=object)[:, 0],
+        "memoryview": memoryview(objects),
+    }
+
+
+@pytest.mark.parametrize("kind", ["object", "structured", "strided", "memoryview"])
+@pytest.mark.parametrize("method", ["sync_pread", "sync_pwrite", "async_pread", "async_pwrite", "pread", "pwrite",
+                                    "read", "write"])
+def test_buffers_of_references_are_refused_with_type_error(handle, data_dir, method, kind):
+    """An object array's bytes are PyObject pointers: a read would overwrite
+    them with file bytes (a crash at the next refcount change), a write would
+    put heap addresses in the file. Every call refuses them, on both front
+    ends (the compiled ones take only tensors)."""
+    buf = _arrays_of_references()[kind]
+    p = data_dir / "refs.bin"
+    p.write_bytes(pattern(8 * PAGE, 3))
+    call = {
+        "sync_pread": lambda: handle.sync_pread(buf, str(p)),
+        "sync_pwrite": lambda: handle.sync_pwrite(buf, str(p)),
+        "async_pread": lambda: handle.async_pread(buf, str(p)),
+        "async_pwrite": lambda: handle.async_pwrite(buf, str(p)),
+        "pread": lambda: handle.pread(buf, str(p), False, False),
+        "pwrite": lambda: handle.pwrite(buf, str(p), False, False),
+        "read": lambda: handle.read(buf, str(p), False),
+        "write": lambda: handle.write(buf, str(p), False),
+    }[method]
+    with pytest.raises(TypeError):
+        call()
+    assert handle.wait() == 0, "a refused op was queued"
+    assert p.read_bytes() == pattern(8 * PAGE, 3), "a refused write changed the file"
+    if kind != "memoryview":
+        del buf  # the references are intact: no crash when they are released
+
+
+FIFO_CHILD = r"""
+import os, sys, time
+import torch
+from deepspeed.ops.op_builder import AsyncIOBuilder
+
+aio = AsyncIOBuilder().load()
+fifo = FIFO
+os.mkfifo(fifo)
+h = aio.aio_handle(4096, 4, False, False, 2)
+buf = torch.zeros(4096, dtype=torch.uint8)
+locked = h.new_cpu_locked_tensor(4096, torch.empty(0, dtype=torch.uint8))
+calls = {
+    "sync_pread": lambda: h.sync_pread(buf, fifo),
+    "sync_pwrite": lambda: h.sync_pwrite(buf, fifo),
+    "async_pread": lambda: h.async_pread(locked, fifo),
+    "async_pwrite": lambda: h.async_pwrite(locked, fifo),
+    "pread": lambda: h.pread(buf, fifo, False, True),
+    "pwrite": lambda: h.pwrite(locked, fifo, False, False),
+    "read": lambda: h.read(buf, fifo, False),
+    "write": lambda: h.write(locked, fifo, False),
+    "aio_read": lambda: aio.aio_read(buf, fifo, 4096, 4, False, False, False),
+    "aio_write": lambda: aio.aio_write(buf, fifo, 4096, 4, False, False, False),
+}
+r, w = os.pipe()
+calls["async_pwrite_pipe_fd"] = lambda: h.async_pwrite(locked, w)
+for name, call in calls.items():
+    t0 = time.monotonic()
+    print("CALL", name, flush=True)
+    print("RC", name, call(), round(time.monotonic() - t0, 3), flush=True)
+    sys.stderr.flush()
+print("WAIT", h.wait(), flush=True)
+h.free_cpu_locked_tensor(locked)
+"""
+
+
+def test_an_op_on_a_fifo_with_no_peer_fails_at_once(data_dir):
+    """Every call on a fifo nobody has open (and on a pipe's fd) returns -1
+    at once, naming the file and ESPIPE, instead of waiting for ever in
+    open(2) for the other end."""
+    fifo = str(data_dir / "p")
+    proc = run_python(f"FIFO = {fifo!r}\n" + FIFO_CHILD, timeout=120)
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 0, out + err[-3000:]
+    rcs = [line.split() for line in out.splitlines() if line.startswith("RC ")]
+    assert len(rcs) == 11, out
+    for _, name, rc, took in rcs:
+        assert rc == "-1", f"{name} on a fifo returned {rc}: {out}"
+        assert float(took) < 5, f"{name} took {took} s"
+    assert "WAIT 0" in out, out
+    assert err.count(fifo) >= 10 and "fifo" in err and "errno 29" in err, err

@@ -164,3 +164,44 @@ def test_ctrl_c_during_a_blocking_write_writes_everything_then_raises(big_file, 
         pytest.skip("the whole 320 MiB write took under 0.1 s here: nothing to interrupt")
     assert "INTERRUPTED" in out, "the KeyboardInterrupt was lost: " + out + proc.stderr[-2000:]
     assert f"WRITTEN {320 << 20} True" in out, "the interrupted write did not write everything it was given: " + out
+
+LEASE_CHILD = r"""
+import fcntl, os, signal, sys, threading, time
+import torch
+from deepspeed.ops.op_builder import AsyncIOBuilder
+
+aio = AsyncIOBuilder().load()
+path = sys.argv[1]
+h = aio.aio_handle(4096, 4, False, False, 1)
+data = torch.arange(4096, dtype=torch.uint8)
+holder = os.open(path, os.O_RDONLY)
+fcntl.fcntl(holder, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+fcntl.fcntl(holder, fcntl.F_SETOWN, 0)  # the lease break sends no SIGIO
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+t0 = time.monotonic()
+try:
+    rc = h.sync_pwrite(data, path)
+    print("COMPLETED", rc, round(time.monotonic() - t0, 3), flush=True)
+except KeyboardInterrupt:
+    print("INTERRUPTED", round(time.monotonic() - t0, 3), flush=True)
+fcntl.fcntl(holder, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+os.close(holder)
+print("WAIT", h.wait(), flush=True)
+assert h.sync_pwrite(data, path) == 1
+print("WRITE-AFTER-OK", flush=True)
+"""
+
+
+def test_ctrl_c_ends_an_open_that_waits_for_a_lease(tmp_path):
+    """An op's open that waits (here for a read lease this process holds,
+    which the kernel breaks only after lease-break-time, 45 s by default)
+    ends with KeyboardInterrupt on Ctrl-C, and the handle works after."""
+    path = tmp_path / "leased.bin"
+    path.write_bytes(b"\0" * 4096)
+    proc = child(LEASE_CHILD, str(path), "io_uring", "sync")
+    out = proc.stdout
+    assert proc.returncode == 0 and "WRITE-AFTER-OK" in out, out + proc.stderr[-3000:]
+    line = next(l for l in out.splitlines() if l.startswith(("INTERRUPTED", "COMPLETED")))
+    assert line.startswith("INTERRUPTED"), f"Ctrl-C did not end the open: {line}"
+    assert float(line.split()[1]) < 10, line
+    assert "WAIT 0" in out, out

@@ -53,6 +53,42 @@ def test_functions_and_tensors_through_the_top_level(tmp_path):
     assert torch.equal(out, torch.arange(16, dtype=torch.float32))
 
 
+def test_arrays_of_references_are_refused_everywhere(tmp_path):
+    """numpy object arrays and structured arrays with object fields hold
+    PyObject pointers, not data: every entry point of the top level refuses
+    them with TypeError, for reads and writes (a read used to overwrite the
+    pointers with file bytes, and the process crashed at `del`)."""
+    path = str(tmp_path / "refs.bin")
+    with open(path, "wb") as f:
+        f.write(pattern(8 * PAGE, 5))
+    objects = np.array([object() for _ in range(512)], dtype=object)
+    structured = np.zeros(256, dtype=[("x", "<f8"), ("o", "O")])
+    nested = np.zeros(128, dtype=[("inner", [("n", "<i4"), ("o", "O")])])
+    h = deepnvme.aio_handle(8192, 4, False, True, 1)
+    plain = np.zeros(512, dtype=np.float64)
+    for buf in (objects, structured, nested, memoryview(objects)):
+        calls = [
+            lambda: h.sync_pread(buf, path), lambda: h.sync_pwrite(buf, path),
+            lambda: h.async_pread(buf, path), lambda: h.async_pwrite(buf, path),
+            lambda: h.pread(buf, path, False, False), lambda: h.pwrite(buf, path, False, True),
+            lambda: h.read(buf, path, False), lambda: h.write(buf, path, False),
+            lambda: deepnvme.aio_read(buf, path, 4096, 4, False, False, False),
+            lambda: deepnvme.aio_write(buf, path, 4096, 4, False, False, False),
+            lambda: deepnvme.deepspeed_memcpy(buf, plain), lambda: deepnvme.deepspeed_memcpy(plain, buf),
+            lambda: h.is_pinned(buf),
+        ]
+        for call in calls:
+            with pytest.raises(TypeError, match="references"):
+                call()
+    assert h.wait() == 0
+    with open(path, "rb") as f:
+        assert f.read() == pattern(8 * PAGE, 5), "a refused write changed the file"
+    del objects, structured, nested  # the references are intact
+    # Structured arrays of plain fields are plain data.
+    flat = np.zeros(PAGE // 8, dtype=[("a", "<i4"), ("b", "<f4")])
+    assert h.sync_pread(flat, path) == 1 and flat.tobytes() == pattern(8 * PAGE, 5)[:PAGE]
+
+
 def test_gds_handle_without_gds_is_a_clear_error():
     if deepnvme.native().gds_unavailable_reason() is None:
         pytest.skip("GPUDirect Storage works here")
