@@ -11,12 +11,16 @@
 //! without O_DIRECT at all. A block device's size comes from the
 //! `BLKGETSIZE64` ioctl, since stat reports 0 bytes for one.
 //!
+//! A file in a stripe set is a placeholder whose bytes are in member files
+//! on other drives: opening it opens those too (`crate::stripe`).
+//!
 //! Files: `open.rs` (opening, the buffered twin, closing), `stat.rs` (what
 //! the kernel reports of a descriptor).
 
 mod open;
 mod stat;
 
+pub(crate) use open::open_raw;
 pub use open::{FileTarget, OpenFile};
 pub use stat::{dio_alignment, DioAlignment, FileIdentity};
-pub(crate) use stat::{access_allows, fd_flags};
+pub(crate) use stat::{access_allows, fd_flags, stat_for_io};

@@ -61,6 +61,9 @@ pub struct OpenFile {
     /// must never grant what the caller's fd does not (a write through a
     /// read-only fd has to fail with EBADF, not succeed through the twin).
     twin_access: libc::c_int,
+    /// The file is a placeholder of a stripe set: its bytes are in the
+    /// members opened here (`crate::stripe`).
+    stripe: Option<Box<crate::stripe::StripedFile>>,
 }
 
 fn cpath(path: &Path) -> Result<CString> {
@@ -69,7 +72,7 @@ fn cpath(path: &Path) -> Result<CString> {
     })
 }
 
-fn open_raw(path: &Path, flags: i32, mode: libc::mode_t) -> io::Result<RawFd> {
+pub(crate) fn open_raw(path: &Path, flags: i32, mode: libc::mode_t) -> io::Result<RawFd> {
     let c = cpath(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     loop {
         // SAFETY: `c` is a valid C string.
@@ -106,11 +109,29 @@ fn above_stdio(fd: RawFd) -> io::Result<RawFd> {
 
 impl OpenFile {
     /// Opens `target` the way DeepSpeed does, for `direction`.
+    /// A placeholder in a stripe set comes with its members opened too.
     pub fn open(target: FileTarget<'_>, direction: Direction) -> Result<OpenFile> {
-        match target {
+        let mut file = match target {
             FileTarget::Path(path) => Self::open_path(path, direction),
             FileTarget::Fd(fd) => Self::from_caller_fd(fd, direction),
+        }?;
+        if matches!(target, FileTarget::Fd(_)) && !super::access_allows(file.twin_access, direction) {
+            // The members are opened by this op: they must never grant what
+            // the caller's descriptor does not. A plain file fails later,
+            // with the kernel's EBADF.
+            return Ok(file);
         }
+        file.stripe = crate::stripe::attach(&file, direction)?;
+        Ok(file)
+    }
+
+    /// The striped file this placeholder stands for, if it is one.
+    pub(crate) fn stripe(&self) -> Option<&crate::stripe::StripedFile> {
+        self.stripe.as_deref()
+    }
+
+    pub(crate) fn stripe_mut(&mut self) -> Option<&mut crate::stripe::StripedFile> {
+        self.stripe.as_deref_mut()
     }
 
     fn open_path(path: &Path, direction: Direction) -> Result<OpenFile> {
@@ -139,6 +160,7 @@ impl OpenFile {
                     size_at_open,
                     identity,
                     twin_access: base & libc::O_ACCMODE,
+                    stripe: None,
                 })
             }
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -164,6 +186,7 @@ impl OpenFile {
                     size_at_open: None,
                     identity: None,
                     twin_access: base & libc::O_ACCMODE,
+                    stripe: None,
                 })
             }
             Err(e) => Err(file_err(e)),
@@ -232,6 +255,7 @@ impl OpenFile {
             size_at_open,
             identity,
             twin_access: access,
+            stripe: None,
         })
     }
 
@@ -340,6 +364,11 @@ impl OpenFile {
         }
         self.direct_fd = None;
         self.buffered_fd = None;
+        if let Some(stripe) = &mut self.stripe {
+            if let Err(errno) = stripe.close_owned() {
+                first.get_or_insert(io::Error::from_raw_os_error(errno));
+            }
+        }
         match first {
             None => Ok(()),
             Some(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),

@@ -64,6 +64,8 @@ pub(crate) struct OpPlan {
     pub file_identity: Option<FileIdentity>,
     /// The file is on a file system io_uring punts for (see `engine::choice`).
     pub punting_fs: Option<PuntingFs>,
+    /// A striped file's members, for naming them in errors (`crate::stripe`).
+    pub stripe: Option<Box<crate::stripe::StripePlan>>,
 }
 
 impl OpPlan {
@@ -71,6 +73,9 @@ impl OpPlan {
     /// descriptor. A failure on the buffered twin of a caller's fd must name
     /// the fd the caller knows, not the short-lived twin the op opened.
     pub fn name_target(&self, e: TransferError) -> TransferError {
+        if let Some(stripe) = &self.stripe {
+            return stripe.name(e);
+        }
         let mut e = e.with_path(self.path.clone());
         if e.path.is_none() {
             if let Some(fd) = self.caller_fd {
@@ -139,10 +144,19 @@ impl OpWork for OpPlan {
         if !streams {
             return None;
         }
+        // A striped slice's segments are at member offsets: it is ordered
+        // by the logical bytes it moves.
+        let (start, end) = match &self.stripe {
+            Some(stripe) => stripe.slice_bounds(index)?,
+            None => (
+                slice.direct.iter().map(|g| g.file_offset).min()?,
+                slice.direct.iter().map(|g| g.file_offset + g.len as u64).max()?,
+            ),
+        };
         let footprint = Footprint {
             file: self.file_identity?,
-            start: slice.direct.iter().map(|g| g.file_offset).min()?,
-            end: slice.direct.iter().map(|g| g.file_offset + g.len as u64).max()?,
+            start,
+            end,
             memory: (
                 slice.direct.iter().map(|g| g.addr as usize).min()?,
                 slice.direct.iter().map(|g| g.addr as usize + g.len).max()?,
@@ -288,6 +302,9 @@ pub(crate) fn plan_op(
     params: AioParams,
     registrable: Option<Arc<crate::engine::fixed::RegistrableMemory>>,
 ) -> Result<Arc<OpPlan>> {
+    if file.stripe().is_some() {
+        return crate::stripe::plan_striped(direction, file, file_offset, io_ptr, len, parallelism, params, registrable);
+    }
     let direct = file.direct();
     let mut slices = plan_slices(file_offset, io_ptr, len, parallelism, direct, BUFFERED_FD_PLACEHOLDER);
     if needs_buffered(&slices) {
@@ -308,6 +325,7 @@ pub(crate) fn plan_op(
         registrable,
         file_identity: file.identity(),
         punting_fs: punting_fs_of(file),
+        stripe: None,
     }))
 }
 
