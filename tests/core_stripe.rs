@@ -317,7 +317,7 @@ fn a_model_of_random_ops_on_shared_memory_and_striped_files() {
                 let (m, f) = (rng.range(0, 2), rng.range(0, 3));
                 let aligned = rng.range(0, 2) > 0;
                 let mut len = if aligned { rng.range(1, 40) * 4096 } else { rng.range(1, 300_000) };
-                len = (len & !1).max(2).min(FILE);
+                len = (len & !1).clamp(2, FILE);
                 let mut start = rng.range(0, BASE - len);
                 let mut off = rng.range(0, FILE - len);
                 if aligned {
@@ -378,6 +378,7 @@ fn swap_folders_removed_and_made_again_as_deepspeed_does() {
             drop(pending);
             assert_eq!(fs::metadata(bed.file(&rel)).unwrap().len() as usize, len, "os.path.getsize");
             let mut back = LockedBuffer::new(len).unwrap();
+            // SAFETY: the locked buffer outlives the blocking read.
             let desc = unsafe { deepnvme::BufferDesc::from_raw_parts(back.as_ptr(), len) };
             ds::pread(&h, desc, FileTarget::Path(&bed.file(&rel)), 0, false).unwrap();
             assert_bytes_eq(&back[..], &data, &format!("round {round}, {rel}"));
@@ -408,6 +409,7 @@ fn an_unaligned_tail_appended_by_another_program_reads_back() {
     let f = fs::OpenOptions::new().write(true).create(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
     use std::os::fd::AsRawFd;
     let buf = locked_with(&body);
+    // SAFETY: the locked buffer lives until after the wait below.
     let desc = unsafe { deepnvme::BufferDesc::from_raw_parts(buf.as_ptr(), body.len()) };
     ds::pwrite(&h, desc, FileTarget::Fd(f.as_raw_fd()), 0, true).unwrap();
     h.wait().unwrap();

@@ -44,8 +44,12 @@ fn canonical_dir(path: &Path, what: &str) -> Result<PathBuf, String> {
 }
 
 /// Whether the file system of folder `dir` keeps user extended attributes
-/// (the placeholders' marks need them).
-pub(crate) fn probe_xattrs(dir: &Path) -> io::Result<()> {
+/// (the placeholders' marks need them), by marking a probe file.
+pub fn check_xattrs(dir: &Path) -> io::Result<()> {
+    probe_xattrs(dir)
+}
+
+fn probe_xattrs(dir: &Path) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let probe = dir.join(format!(".deepnvme-stripe-probe-{}", std::process::id()));
     let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&probe)?;

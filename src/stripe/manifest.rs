@@ -194,7 +194,10 @@ fn key_of(meta: &std::fs::Metadata) -> FileKey {
     FileKey { dev: meta.dev(), ino: meta.ino(), size: meta.size(), mtime: meta.mtime(), mtime_nsec: meta.mtime_nsec() }
 }
 
-static MANIFESTS: Mutex<Option<HashMap<PathBuf, (FileKey, Arc<Manifest>)>>> = Mutex::new(None);
+/// Parsed manifests by folder, with the version of the file each came from.
+type ManifestCache = HashMap<PathBuf, (FileKey, Arc<Manifest>)>;
+
+static MANIFESTS: Mutex<Option<ManifestCache>> = Mutex::new(None);
 
 /// Why a manifest could not be had.
 #[derive(Debug)]

@@ -33,7 +33,7 @@ mod mark;
 mod plan;
 
 pub use admin::{
-    create, file_info, remove, set_info, CreateOptions, FileInfo, MemberInfo, RemoveReport, SetInfo,
+    check_xattrs, create, file_info, remove, set_info, CreateOptions, FileInfo, MemberInfo, RemoveReport, SetInfo,
     DEFAULT_UNIT,
 };
 pub(crate) use file::{attach, StripedFile};
