@@ -11,8 +11,8 @@
 //! without O_DIRECT at all. A block device's size comes from the
 //! `BLKGETSIZE64` ioctl, since stat reports 0 bytes for one.
 //!
-//! A file in a stripe set is a placeholder whose bytes are in member files
-//! on other drives: opening it opens those too (`crate::stripe`).
+//! An op's file may carry another layer's state (`Companion`): a stripe
+//! set's placeholder carries its member files.
 //!
 //! Files: `open.rs` (opening, the buffered twin, closing), `stat.rs` (what
 //! the kernel reports of a descriptor).
@@ -20,7 +20,7 @@
 mod open;
 mod stat;
 
-pub(crate) use open::open_raw;
+pub(crate) use open::{open_raw, Companion};
 pub use open::{FileTarget, OpenFile};
 pub use stat::{dio_alignment, DioAlignment, FileIdentity};
 pub(crate) use stat::{access_allows, fd_flags, stat_for_io};

@@ -61,9 +61,19 @@ pub struct OpenFile {
     /// must never grant what the caller's fd does not (a write through a
     /// read-only fd has to fail with EBADF, not succeed through the twin).
     twin_access: libc::c_int,
-    /// The file is a placeholder of a stripe set: its bytes are in the
-    /// members opened here (`crate::stripe`).
-    stripe: Option<Box<crate::stripe::StripedFile>>,
+    /// What another layer keeps with the file (a stripe set's member
+    /// files, see `Companion`).
+    companion: Option<Box<dyn Companion>>,
+}
+
+/// State another layer keeps with an op's file and drops with it: the
+/// member files of a stripe set's placeholder (the stripe module). The
+/// file layer only closes them with its own descriptors.
+pub(crate) trait Companion: std::fmt::Debug + Send {
+    /// Closes the descriptors it owns, reporting the first failure's errno.
+    fn close_owned(&mut self) -> std::result::Result<(), i32>;
+    fn as_any(&self) -> &dyn std::any::Any;
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
 
 fn cpath(path: &Path) -> Result<CString> {
@@ -109,29 +119,25 @@ fn above_stdio(fd: RawFd) -> io::Result<RawFd> {
 
 impl OpenFile {
     /// Opens `target` the way DeepSpeed does, for `direction`.
-    /// A placeholder in a stripe set comes with its members opened too.
     pub fn open(target: FileTarget<'_>, direction: Direction) -> Result<OpenFile> {
-        let mut file = match target {
+        match target {
             FileTarget::Path(path) => Self::open_path(path, direction),
             FileTarget::Fd(fd) => Self::from_caller_fd(fd, direction),
-        }?;
-        if matches!(target, FileTarget::Fd(_)) && !super::access_allows(file.twin_access, direction) {
-            // The members are opened by this op: they must never grant what
-            // the caller's descriptor does not. A plain file fails later,
-            // with the kernel's EBADF.
-            return Ok(file);
         }
-        file.stripe = crate::stripe::attach(&file, direction)?;
-        Ok(file)
     }
 
-    /// The striped file this placeholder stands for, if it is one.
-    pub(crate) fn stripe(&self) -> Option<&crate::stripe::StripedFile> {
-        self.stripe.as_deref()
+    /// Keeps `companion` with the file until the op lets go of it.
+    pub(crate) fn set_companion(&mut self, companion: Box<dyn Companion>) {
+        self.companion = Some(companion);
     }
 
-    pub(crate) fn stripe_mut(&mut self) -> Option<&mut crate::stripe::StripedFile> {
-        self.stripe.as_deref_mut()
+    /// The companion of type `T`, if the file has one.
+    pub(crate) fn companion<T: 'static>(&self) -> Option<&T> {
+        self.companion.as_ref()?.as_any().downcast_ref()
+    }
+
+    pub(crate) fn companion_mut<T: 'static>(&mut self) -> Option<&mut T> {
+        self.companion.as_mut()?.as_any_mut().downcast_mut()
     }
 
     fn open_path(path: &Path, direction: Direction) -> Result<OpenFile> {
@@ -160,7 +166,7 @@ impl OpenFile {
                     size_at_open,
                     identity,
                     twin_access: base & libc::O_ACCMODE,
-                    stripe: None,
+                    companion: None,
                 })
             }
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -186,7 +192,7 @@ impl OpenFile {
                     size_at_open: None,
                     identity: None,
                     twin_access: base & libc::O_ACCMODE,
-                    stripe: None,
+                    companion: None,
                 })
             }
             Err(e) => Err(file_err(e)),
@@ -255,7 +261,7 @@ impl OpenFile {
             size_at_open,
             identity,
             twin_access: access,
-            stripe: None,
+            companion: None,
         })
     }
 
@@ -364,8 +370,8 @@ impl OpenFile {
         }
         self.direct_fd = None;
         self.buffered_fd = None;
-        if let Some(stripe) = &mut self.stripe {
-            if let Err(errno) = stripe.close_owned() {
+        if let Some(companion) = &mut self.companion {
+            if let Err(errno) = companion.close_owned() {
                 first.get_or_insert(io::Error::from_raw_os_error(errno));
             }
         }

@@ -69,8 +69,8 @@ pub(crate) fn report_validation(direction: Direction, file: &OpenFile, offset: u
 /// Reads `len` bytes at `offset` with a fresh buffered, read-only descriptor.
 fn read_back(file: &OpenFile, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
-    if let Some(stripe) = file.stripe() {
-        return stripe.read_back(file.any_fd(), offset, len);
+    if let Some(bytes) = crate::stripe::read_back(file, offset, len) {
+        return bytes;
     }
     let path = match file.path() {
         Some(p) => p.to_path_buf(),

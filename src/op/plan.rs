@@ -64,8 +64,19 @@ pub(crate) struct OpPlan {
     pub file_identity: Option<FileIdentity>,
     /// The file is on a file system io_uring punts for (see `engine::choice`).
     pub punting_fs: Option<PuntingFs>,
-    /// A striped file's members, for naming them in errors (`crate::stripe`).
-    pub stripe: Option<Box<crate::stripe::StripePlan>>,
+    /// When the segments are on other files than the op's own (a striped
+    /// file's members): how to name them in errors and order its slices.
+    pub members: Option<Box<dyn MemberNames>>,
+}
+
+/// How a plan whose segments are on other files than the op's names them
+/// (the stripe module's plans, on a striped file's members).
+pub(crate) trait MemberNames: std::fmt::Debug + Send + Sync {
+    /// `e` (from an engine, naming a segment's descriptor and offset) with
+    /// the file it failed on and where that is in the op's file.
+    fn name(&self, e: TransferError) -> TransferError;
+    /// The op's file bytes `[start, end)` that slice `index` moves.
+    fn slice_bounds(&self, index: usize) -> Option<(u64, u64)>;
 }
 
 impl OpPlan {
@@ -73,8 +84,8 @@ impl OpPlan {
     /// descriptor. A failure on the buffered twin of a caller's fd must name
     /// the fd the caller knows, not the short-lived twin the op opened.
     pub fn name_target(&self, e: TransferError) -> TransferError {
-        if let Some(stripe) = &self.stripe {
-            return stripe.name(e);
+        if let Some(members) = &self.members {
+            return members.name(e);
         }
         let mut e = e.with_path(self.path.clone());
         if e.path.is_none() {
@@ -146,8 +157,8 @@ impl OpWork for OpPlan {
         }
         // A striped slice's segments are at member offsets: it is ordered
         // by the logical bytes it moves.
-        let (start, end) = match &self.stripe {
-            Some(stripe) => stripe.slice_bounds(index)?,
+        let (start, end) = match &self.members {
+            Some(members) => members.slice_bounds(index)?,
             None => (
                 slice.direct.iter().map(|g| g.file_offset).min()?,
                 slice.direct.iter().map(|g| g.file_offset + g.len as u64).max()?,
@@ -302,9 +313,6 @@ pub(crate) fn plan_op(
     params: AioParams,
     registrable: Option<Arc<crate::engine::fixed::RegistrableMemory>>,
 ) -> Result<Arc<OpPlan>> {
-    if file.stripe().is_some() {
-        return crate::stripe::plan_striped(direction, file, file_offset, io_ptr, len, parallelism, params, registrable);
-    }
     let direct = file.direct();
     let mut slices = plan_slices(file_offset, io_ptr, len, parallelism, direct, BUFFERED_FD_PLACEHOLDER);
     if needs_buffered(&slices) {
@@ -325,7 +333,7 @@ pub(crate) fn plan_op(
         registrable,
         file_identity: file.identity(),
         punting_fs: punting_fs_of(file),
-        stripe: None,
+        members: None,
     }))
 }
 

@@ -32,7 +32,7 @@ pub(crate) struct MemberFile {
     pub buffered_fd: Option<RawFd>,
     pub dio: Option<DioAlignment>,
     /// On a file system io_uring punts for (tmpfs, ramfs).
-    pub punts: Option<crate::PuntingFs>,
+    pub punts: Option<crate::engine::choice::PuntingFs>,
 }
 
 /// A striped file, as one op sees it.
@@ -51,6 +51,18 @@ pub(crate) struct StripedFile {
     pub dio: Option<DioAlignment>,
     access: libc::c_int,
     owned: Vec<RawFd>,
+}
+
+impl crate::file::Companion for StripedFile {
+    fn close_owned(&mut self) -> std::result::Result<(), i32> {
+        StripedFile::close_owned(self)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
 }
 
 impl Drop for StripedFile {
@@ -181,7 +193,7 @@ fn load_error(root: &Path, e: LoadError) -> Error {
 /// A plain file (no mark) is `None`; so is a file on a file system without
 /// user extended attributes. A write to an empty, unmarked file under a
 /// stripe set's folder makes it a striped file.
-pub(crate) fn attach(file: &OpenFile, direction: Direction) -> Result<Option<Box<StripedFile>>> {
+pub(super) fn attach(file: &OpenFile, direction: Direction) -> Result<Option<Box<StripedFile>>> {
     if file.identity().is_some_and(|id| id.block_device) {
         return Ok(None);
     }
@@ -396,7 +408,7 @@ impl StripedFile {
         }
         let punts = match identity {
             Some(id) if id.dev_major != 0 => None,
-            _ => crate::punting_fs(fd),
+            _ => crate::engine::choice::punting_fs(fd),
         };
         let direct = dio.is_some().then_some(fd);
         let buffered = (flags & libc::O_DIRECT == 0).then_some(fd);

@@ -36,7 +36,60 @@ pub use admin::{
     check_xattrs, create, file_info, remove, set_info, CreateOptions, FileInfo, MemberInfo, RemoveReport, SetInfo,
     DEFAULT_UNIT,
 };
-pub(crate) use file::{attach, StripedFile};
 pub use layout::Layout;
 pub use manifest::{Manifest, Marker, MANIFEST_NAME, MARKER_NAME};
-pub(crate) use plan::{plan_striped, StripePlan};
+
+use std::sync::Arc;
+
+use crate::engine::fixed::RegistrableMemory;
+use crate::engine::AioParams;
+use crate::error::{Direction, Result};
+use crate::file::{access_allows, fd_flags, FileTarget, OpenFile};
+use crate::op::plan::OpPlan;
+use file::StripedFile;
+
+/// Opens an op's file as `OpenFile::open` does; a stripe set's placeholder
+/// comes with its member files opened and checked.
+pub(crate) fn open(target: FileTarget<'_>, direction: Direction) -> Result<OpenFile> {
+    let mut f = OpenFile::open(target, direction)?;
+    if matches!(target, FileTarget::Fd(_)) && !fd_flags(f.any_fd()).is_ok_and(|fl| access_allows(fl, direction)) {
+        // Member files are opened by the op: they must never grant what the
+        // caller's descriptor does not. The transfer fails with EBADF.
+        return Ok(f);
+    }
+    if let Some(striped) = file::attach(&f, direction)? {
+        f.set_companion(striped);
+    }
+    Ok(f)
+}
+
+/// Whether the op's file is a stripe set's placeholder.
+pub(crate) fn is_striped(f: &OpenFile) -> bool {
+    f.companion::<StripedFile>().is_some()
+}
+
+/// Plans an op's slices (`op::plan::plan_op`), on the member files when
+/// the file is striped.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plan_op(
+    direction: Direction,
+    f: &mut OpenFile,
+    file_offset: u64,
+    io_ptr: *mut u8,
+    len: usize,
+    parallelism: usize,
+    params: AioParams,
+    registrable: Option<Arc<RegistrableMemory>>,
+) -> Result<Arc<OpPlan>> {
+    if is_striped(f) {
+        plan::plan_striped(direction, f, file_offset, io_ptr, len, parallelism, params, registrable)
+    } else {
+        crate::op::plan::plan_op(direction, f, file_offset, io_ptr, len, parallelism, params, registrable)
+    }
+}
+
+/// A striped file's logical bytes `[offset, offset + len)`, read plainly
+/// (DeepSpeed's `validate`); `None` for a plain file.
+pub(crate) fn read_back(f: &OpenFile, offset: u64, len: usize) -> Option<std::io::Result<Vec<u8>>> {
+    f.companion::<StripedFile>().map(|s| s.read_back(f.any_fd(), offset, len))
+}

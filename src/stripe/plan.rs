@@ -18,8 +18,9 @@ use crate::engine::fixed::RegistrableMemory;
 use crate::engine::{AioParams, Segment};
 use crate::error::{Direction, Result, TransferError};
 use crate::file::OpenFile;
-use crate::op::plan::{plan_slices, OpPlan, SlicePlan, BUFFERED_FD_PLACEHOLDER};
+use crate::op::plan::{plan_slices, MemberNames, OpPlan, SlicePlan, BUFFERED_FD_PLACEHOLDER};
 
+use super::file::StripedFile;
 use super::layout::Layout;
 
 /// Stands for "a member's direct descriptor" until the segment is mapped.
@@ -39,10 +40,10 @@ pub(crate) struct StripePlan {
     slice_bounds: Vec<Option<(u64, u64)>>,
 }
 
-impl StripePlan {
+impl MemberNames for StripePlan {
     /// Names the member (its file, and where in the logical file the
     /// failed bytes are) in an engine's error.
-    pub fn name(&self, mut e: TransferError) -> TransferError {
+    fn name(&self, mut e: TransferError) -> TransferError {
         if let Some((i, (path, _))) = self.members.iter().enumerate().find(|(_, (_, fds))| fds.contains(&e.fd)) {
             let at = self.layout.logical_of(i, e.file_offset);
             let what = format!(
@@ -63,7 +64,7 @@ impl StripePlan {
     }
 
     /// Slice `index`'s logical bytes.
-    pub fn slice_bounds(&self, index: usize) -> Option<(u64, u64)> {
+    fn slice_bounds(&self, index: usize) -> Option<(u64, u64)> {
         self.slice_bounds.get(index).copied().flatten()
     }
 }
@@ -99,11 +100,11 @@ pub(crate) fn plan_striped(
     let placeholder = file.any_fd();
     let end = file_offset + len as u64;
     if direction == Direction::Write {
-        if let Some(s) = file.stripe_mut() {
+        if let Some(s) = file.companion_mut::<StripedFile>() {
             s.extend_for_write(placeholder, file_offset, len)?;
         }
     }
-    let Some(s) = file.stripe() else { unreachable!("plan_striped on a plain file") };
+    let Some(s) = file.companion::<StripedFile>() else { unreachable!("plan_striped on a plain file") };
     let (dio, extent) = (s.dio, s.extent);
     let logical_slices = plan_slices(file_offset, io_ptr, len, parallelism, dio.map(|a| (DIRECT_TAG, a)), BUFFERED_FD_PLACEHOLDER);
     let member_buffered = logical_slices
@@ -112,11 +113,11 @@ pub(crate) fn plan_striped(
         .any(|g| g.file_offset < extent);
     let tail_fd = if end > extent { Some(file.buffered_fd()?) } else { None };
     if member_buffered {
-        if let Some(s) = file.stripe_mut() {
+        if let Some(s) = file.companion_mut::<StripedFile>() {
             s.open_buffered()?;
         }
     }
-    let Some(s) = file.stripe() else { unreachable!() };
+    let Some(s) = file.companion::<StripedFile>() else { unreachable!() };
     let layout = s.layout;
     let mut slices = Vec::with_capacity(logical_slices.len());
     let mut bounds = Vec::with_capacity(logical_slices.len());
@@ -176,6 +177,6 @@ pub(crate) fn plan_striped(
         registrable,
         file_identity: file.order_identity(),
         punting_fs,
-        stripe: Some(Box::new(names)),
+        members: Some(Box::new(names)),
     }))
 }
