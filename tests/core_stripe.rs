@@ -25,8 +25,10 @@
 //! * a member failing mid-op (its file made immutable, or its ext4 forced
 //!   read-only): the op fails naming the member file, offset and errno, and
 //!   every byte written before is still there.
+//! * blocking ops on plain memory streamed through bounce windows, and a
+//!   child of fork() reading and writing striped files with its own handle.
 //!
-//! A binary of its own: it mounts devices and takes process-wide locks.
+//! A binary of its own: it mounts devices and forks.
 
 use deepnvme::test_support as common;
 
@@ -39,7 +41,7 @@ use std::sync::Mutex;
 use common::*;
 use deepnvme::deepspeed::calls as ds;
 use deepnvme::stripe::{self, CreateOptions};
-use deepnvme::{Error, FileTarget, LockedBuffer};
+use deepnvme::{EngineKind, Error, FileTarget, LockedBuffer};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -590,4 +592,57 @@ fn a_member_failing_mid_op_names_it_and_loses_nothing_written() {
         assert_bytes_eq(&bed.logical(&a), &first, &format!("{how}: the other file"));
         assert_bytes_eq(&bed.logical(&b)[..6 * MIB], &first, &format!("{how}: the file's earlier bytes"));
     }
+}
+
+// ------------------------------------------- windows, fork, bounded memory --
+
+/// Blocking ops on plain memory larger than a bounce window stream through
+/// a few windows (bounded bounce memory), striped as any op; a child of
+/// fork() makes its own handle and reads and writes striped files.
+#[test]
+fn windowed_plain_ops_and_a_forked_child_on_striped_files() {
+    let bed = Bed::new("stripe-windows", 2, 256 * KIB, false);
+    for engine in engines() {
+        let h = common::handle_with(engine, MIB, 8, false, true, 2);
+        let name = format!("big-{engine:?}.bin");
+        let data = pattern(31, 24 * MIB + 4096);
+        h.write_from(&data, FileTarget::Path(&bed.file(&name)), 0).unwrap();
+        assert_bytes_eq(&bed.logical(&name), &data, &format!("{engine:?}: a 24 MiB plain write"));
+        let mut back = vec![0u8; data.len()];
+        h.read_into(&mut back, FileTarget::Path(&bed.file(&name)), 0).unwrap();
+        assert_bytes_eq(&back, &data, &format!("{engine:?}: a 24 MiB plain read"));
+    }
+    let before = pattern(32, 3 * MIB);
+    h_write(&bed, "parent.bin", &before);
+    // SAFETY: the child only uses the crate (which supports a child of
+    // fork(): new handles and I/O) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = std::panic::catch_unwind(|| {
+            let h = common::handle_with(EngineKind::Psync, MIB, 8, false, true, 1);
+            let mut back = vec![0u8; before.len()];
+            if h.read_into(&mut back, FileTarget::Path(&bed.file("parent.bin")), 0).is_err() || back != before {
+                return 2;
+            }
+            let mine = pattern(33, 2 * MIB + 100);
+            if h.write_from(&mine, FileTarget::Path(&bed.file("child.bin")), 0).is_err() {
+                return 3;
+            }
+            0
+        })
+        .unwrap_or(101);
+        // SAFETY: leaves the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child made above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child failed: status {status}");
+    assert_bytes_eq(&bed.logical("child.bin"), &pattern(33, 2 * MIB + 100), "the child's striped write");
+}
+
+fn h_write(bed: &Bed, rel: &str, data: &[u8]) {
+    let h = common::handle_with(engines()[0], MIB, 8, false, true, 1);
+    h.write_from(data, FileTarget::Path(&bed.file(rel)), 0).unwrap();
 }
