@@ -14,8 +14,7 @@ saying why, where root cannot make them).
 * a member failing while a write is in flight (its file made immutable):
   RuntimeError naming the member file and the errno, earlier bytes intact.
 
-The set is declared as `deepnvme stripe create` declares it: a manifest in
-the folder and a marker in each member (the format docs/striping.md gives).
+The sets come from _stripe.py.
 """
 
 import errno
@@ -25,7 +24,6 @@ import os
 import random
 import shutil
 import struct
-import subprocess
 import sys
 import types
 
@@ -34,99 +32,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _util import pattern, tbytes  # noqa: E402
+from _stripe import StripeSet, cannot_make_devices  # noqa: E402
 
-MANIFEST = ".deepnvme-stripe"
-MARKER = ".deepnvme-stripe-member"
 KIB, MIB = 1 << 10, 1 << 20
-
-
-def _run(*cmd):
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
-    return proc.stdout
-
-
-class Device:
-    """ext4 on a loop device (direct I/O, over a sparse file), mounted;
-    removed by close(). Not zram: this kernel's zram stores the wrong bytes
-    for O_DIRECT writes from memory that is 512-aligned but not
-    page-aligned, which it accepts (docs/striping.md)."""
-
-    def __init__(self, mount, image, size=512 << 20):
-        self.mount, self.dev, self.mounted = mount, None, False
-        with open(image, "wb") as f:
-            f.truncate(size)
-        self.dev = _run("losetup", "--find", "--show", "--direct-io=on", image).strip()
-        _run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard", self.dev)
-        os.makedirs(mount, exist_ok=True)
-        _run("mount", "-o", "noatime", self.dev, mount)
-        self.mounted = True
-
-    def close(self):
-        if self.mounted:
-            subprocess.run(["umount", self.mount], capture_output=True)
-        if self.dev:
-            subprocess.run(["losetup", "-d", self.dev], capture_output=True)
-
-
-def cannot_make_devices():
-    if os.geteuid() != 0:
-        return "not root (losetup, mkfs.ext4 and mount need it)"
-    if not os.path.exists("/dev/loop-control"):
-        return "no loop driver (/dev/loop-control)"
-    for tool in ("mkfs.ext4", "losetup"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    return None
-
-
-def declare(root, members, unit):
-    """What `deepnvme stripe create` writes: markers, then the manifest."""
-    set_id = os.urandom(8).hex()
-    os.makedirs(root, exist_ok=True)
-    for i, m in enumerate(members):
-        os.makedirs(m, exist_ok=True)
-        with open(os.path.join(m, MARKER), "w") as f:
-            f.write(f"format = 1\nid = {set_id}\nindex = {i}\ncount = {len(members)}\nset = {root}\n")
-    with open(os.path.join(root, MANIFEST), "w") as f:
-        f.write(f"format = 1\nid = {set_id}\nunit = {unit}\n" + "".join(f"member = {m}\n" for m in members))
-
-
-class StripeSet:
-
-    def __init__(self, root, members, unit):
-        self.root, self.members, self.unit = root, members, unit
-
-    def path(self, rel):
-        return os.path.join(self.root, rel)
-
-    def extent(self, rel):
-        value = os.getxattr(self.path(rel), "user.deepnvme.stripe")
-        return int(value.split(b" ", 3)[2])
-
-    def logical(self, rel):
-        """The file's bytes from its member files (and the placeholder past
-        the striped extent), read with plain reads."""
-        size = os.path.getsize(self.path(rel))
-        extent = min(self.extent(rel), size)
-        n = len(self.members)
-        out = bytearray(size)
-        files = [open(os.path.join(m, rel), "rb") for m in self.members]
-        try:
-            for k, start in enumerate(range(0, extent, self.unit)):
-                f = files[k % n]
-                f.seek((k // n) * self.unit)
-                chunk = f.read(min(self.unit, extent - start))
-                out[start:start + len(chunk)] = chunk
-        finally:
-            for f in files:
-                f.close()
-        if size > extent:
-            with open(self.path(rel), "rb") as f:
-                f.seek(extent)
-                out[extent:] = f.read()
-        return bytes(out)
 
 
 @pytest.fixture(scope="module")
@@ -134,20 +42,11 @@ def stripe_set(tmp_path_factory):
     why = cannot_make_devices()
     if why:
         pytest.skip(f"stripe sets on real devices not tested: {why}")
-    base = str(tmp_path_factory.mktemp("stripe"))
-    devices = []
+    s = StripeSet(str(tmp_path_factory.mktemp("stripe")), 3, 64 * KIB)
     try:
-        for i in range(3):
-            devices.append(Device(os.path.join(base, f"dev{i}"), os.path.join(base, f"disk{i}.img")))
-        members = [os.path.join(d.mount, "stripe") for d in devices]
-        root = os.path.join(base, "nvme")
-        declare(root, members, 64 * KIB)
-        s = StripeSet(root, members, 64 * KIB)
-        s.devices = devices
         yield s
     finally:
-        for d in devices:
-            d.close()
+        s.close()
 
 
 def test_a_model_of_random_ops_on_locked_and_plain_tensors(stripe_set, new_handle, locked):
