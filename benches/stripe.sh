@@ -10,6 +10,7 @@
 # devices, mounts, the cgroup) is removed by the trap, however it ends.
 #
 #   benches/stripe.sh [--members 4] [--mbps 200] [--mib-per-member 256] [--rounds 3] [--no-units]
+#                     [--queue-depth 32] [--out docs/perf/striping.json]
 #
 # With the units comparison (default): stripe sets over all members with
 # units of 256 KiB, 1 MiB and 4 MiB, whole-file ops and 4 MiB ops.
@@ -25,6 +26,8 @@ MBPS=200
 MIB_PER_MEMBER=256
 ROUNDS=3
 UNITS=(--units)
+QD=32
+OUT=docs/perf/striping.json
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --members) MEMBERS=$2; shift 2 ;;
@@ -32,11 +35,13 @@ while [[ $# -gt 0 ]]; do
         --mib-per-member) MIB_PER_MEMBER=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
         --no-units) UNITS=(); shift ;;
+        --queue-depth) QD=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
         -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "stripe.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
-COMMAND="benches/stripe.sh --members $MEMBERS --mbps $MBPS --mib-per-member $MIB_PER_MEMBER --rounds $ROUNDS"
+COMMAND="benches/stripe.sh --members $MEMBERS --mbps $MBPS --mib-per-member $MIB_PER_MEMBER --rounds $ROUNDS --queue-depth $QD ${UNITS[*]:---no-units}"
 say() { printf '\n== %s\n' "$*" >&2; }
 
 [[ $(id -u) == 0 ]] || { echo "stripe.sh: needs root (zram, mkfs, mount, cgroups)" >&2; exit 1; }
@@ -81,7 +86,7 @@ say "members: ${DEVS[*]} (ext4), each throttled to $MBPS MB/s for cgroup $CG (lo
 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$CG" \
     "$DEEPNVME_VENV/bin/python" "$ROOT/benches/stripe_bench.py" \
     --members $(for i in $(seq 0 $((MEMBERS - 1))); do printf '%s ' "$WORK/d$i"; done) \
-    --work "$WORK" --mib-per-member "$MIB_PER_MEMBER" --rounds "$ROUNDS" --bps "$BPS" "${UNITS[@]}" \
+    --work "$WORK" --mib-per-member "$MIB_PER_MEMBER" --rounds "$ROUNDS" --bps "$BPS" --queue-depth "$QD" "${UNITS[@]}" \
     --cli "$ROOT/target/release/deepnvme" \
-    --out "$ROOT/docs/perf/striping.json" --markdown "$ROOT/target/striping-table.md" --command "$COMMAND"
-say "wrote docs/perf/striping.json and target/striping-table.md"
+    --out "$ROOT/$OUT" --markdown "$ROOT/target/striping-table.md" --command "$COMMAND"
+say "wrote $OUT and target/striping-table.md"

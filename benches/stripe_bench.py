@@ -21,6 +21,11 @@ import sys
 import time
 
 MIB = 1 << 20
+# Before every timed run: every member idle alike, so that each run starts a
+# fresh throttle slice (blk-throttle lets a device idle for a while start
+# with a slice's worth of bytes at once, which otherwise favours whichever
+# run follows an idle device).
+PAUSE = 0.3
 
 
 def parse_args():
@@ -34,6 +39,7 @@ def parse_args():
     p.add_argument("--out", required=True, help="where to write the JSON")
     p.add_argument("--markdown", help="where to write the results table")
     p.add_argument("--command", default="", help="the command line that reproduces this run")
+    p.add_argument("--queue-depth", type=int, default=32)
     p.add_argument("--units", action="store_true", help="also compare stripe units (256 KiB, 1 MiB, 4 MiB)")
     return p.parse_args()
 
@@ -45,6 +51,7 @@ def gbps(nbytes, seconds):
 def fio(paths, rw, mib_each):
     """Summed GB/s of one fio job per path, run at once (io_uring, O_DIRECT,
     1 MiB blocks, depth 32): the limit the members allow together."""
+    time.sleep(PAUSE)
     cmd = ["fio", "--output-format=json", "--group_reporting=0"]
     for i, path in enumerate(paths):
         cmd += [f"--name=m{i}", f"--filename={path}", f"--rw={rw}", "--bs=1M", "--iodepth=32",
@@ -82,13 +89,14 @@ def main():
 
     per = args.mib_per_member * MIB
     biggest = per * max(n for _, n in targets.values())
-    locked_handle = aio.aio_handle(MIB, 32, False, True, 1)
+    qd = args.queue_depth
+    locked_handle = aio.aio_handle(MIB, qd, False, True, 1)
     locked = locked_handle.new_cpu_locked_tensor(biggest, torch.empty(0, dtype=torch.uint8))
     plain = torch.empty(biggest, dtype=torch.uint8)
     # One repeated byte: zram keeps such pages as that word, with no memory per page.
     locked.fill_(0x5A)
     plain.fill_(0x5A)
-    handles = {p: aio.aio_handle(MIB, 32, False, True, p) for p in (1, 2)}
+    handles = {p: aio.aio_handle(MIB, qd, False, True, p) for p in (1, 2)}
 
     def run_deepnvme(target, n, memory, direction, par):
         folder, _ = targets[target]
@@ -96,6 +104,7 @@ def main():
         nbytes = per * n
         buf = (locked if memory == "locked" else plain)[:nbytes]
         h = handles[par]
+        time.sleep(PAUSE)
         t0 = time.perf_counter()
         rc = h.sync_pwrite(buf, path) if direction == "write" else h.sync_pread(buf, path)
         dt = time.perf_counter() - t0
@@ -172,6 +181,7 @@ def main():
             assert h.sync_pwrite(locked[:nbytes], path) == 1
 
         def timed(path, direction, op):
+            time.sleep(PAUSE)
             t0 = time.perf_counter()
             for off in range(0, nbytes, op):
                 view = locked[off:off + op]
@@ -199,7 +209,7 @@ def main():
         "throttle_bytes_per_s_per_member": args.bps,
         "mib_per_member": args.mib_per_member,
         "rounds": args.rounds,
-        "handle": {"block_size": MIB, "queue_depth": 32, "overlap_events": True, "single_submit": False},
+        "handle": {"block_size": MIB, "queue_depth": qd, "overlap_events": True, "single_submit": False},
         "unit": MIB,
         "rows": results,
         "units": unit_rows,

@@ -8,6 +8,7 @@ Not zram: this kernel's zram accepts O_DIRECT writes from memory that is
 512-aligned but not page-aligned, and stores the page-rounded bytes instead
 (docs/striping.md)."""
 
+import errno
 import os
 import shutil
 import subprocess
@@ -98,6 +99,20 @@ class StripeSet:
             return True
         except OSError:
             return False
+
+    def holds_data(self, rel):
+        """Whether the placeholder has any data (not its mark: a long mark
+        may take a block of its own, which SEEK_DATA does not count)."""
+        fd = os.open(self.path(rel), os.O_RDONLY)
+        try:
+            os.lseek(fd, 0, os.SEEK_DATA)
+            return True
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                return False
+            raise
+        finally:
+            os.close(fd)
 
     def extent(self, rel):
         value = os.getxattr(self.path(rel), "user.deepnvme.stripe")
