@@ -56,6 +56,8 @@
 //!   the io_uring fixed-buffer tables (`engine/fixed.rs`).
 //! * `file`: opening files as DeepSpeed does (O_DIRECT, no truncation) and
 //!   their O_DIRECT alignment.
+//! * [`stripe`]: stripe sets, one folder whose files keep their bytes on
+//!   several drives (a manifest in the folder, member files per drive).
 //! * `op`: one transfer (`cpu_op_desc_t`): `op/mod.rs` the bounce decision
 //!   and lifecycle, `op/window.rs` blocking bounced ops streamed through
 //!   bounded windows, `op/plan.rs` slice geometry, `op/checks.rs` checks and
@@ -109,6 +111,7 @@ pub mod gds;
 pub mod knobs;
 pub mod pinned;
 pub mod stats;
+pub mod stripe;
 
 #[cfg(feature = "ffi")]
 pub mod ffi;

@@ -11,12 +11,16 @@
 //! without O_DIRECT at all. A block device's size comes from the
 //! `BLKGETSIZE64` ioctl, since stat reports 0 bytes for one.
 //!
+//! An op's file may carry another layer's state (`Companion`): a stripe
+//! set's placeholder carries its member files.
+//!
 //! Files: `open.rs` (opening, the buffered twin, closing), `stat.rs` (what
 //! the kernel reports of a descriptor).
 
 mod open;
 mod stat;
 
+pub(crate) use open::{open_raw, Companion};
 pub use open::{FileTarget, OpenFile};
 pub use stat::{dio_alignment, DioAlignment, FileIdentity};
-pub(crate) use stat::{access_allows, fd_flags};
+pub(crate) use stat::{access_allows, fd_flags, stat_for_io};

@@ -65,6 +65,19 @@ pub struct OpenFile {
     /// must never grant what the caller's fd does not (a write through a
     /// read-only fd has to fail with EBADF, not succeed through the twin).
     twin_access: libc::c_int,
+    /// What another layer keeps with the file (a stripe set's member
+    /// files, see `Companion`).
+    companion: Option<Box<dyn Companion>>,
+}
+
+/// State another layer keeps with an op's file and drops with it: the
+/// member files of a stripe set's placeholder (the stripe module). The
+/// file layer only closes them with its own descriptors.
+pub(crate) trait Companion: std::fmt::Debug + Send {
+    /// Closes the descriptors it owns, reporting the first failure's errno.
+    fn close_owned(&mut self) -> std::result::Result<(), i32>;
+    fn as_any(&self) -> &dyn std::any::Any;
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
 
 fn cpath(path: &Path) -> Result<CString> {
@@ -77,7 +90,7 @@ fn cpath(path: &Path) -> Result<CString> {
 /// signal handler raised meanwhile: Ctrl-C then ends an open that waits
 /// (for a lease holder to let go, a device, a network file system), as
 /// [`Error::Interrupted`] (see [`open_error`]).
-fn open_raw(path: &Path, flags: i32, mode: libc::mode_t) -> io::Result<RawFd> {
+pub(crate) fn open_raw(path: &Path, flags: i32, mode: libc::mode_t) -> io::Result<RawFd> {
     let c = cpath(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     loop {
         // SAFETY: `c` is a valid C string.
@@ -199,6 +212,20 @@ impl OpenFile {
         }
     }
 
+    /// Keeps `companion` with the file until the op lets go of it.
+    pub(crate) fn set_companion(&mut self, companion: Box<dyn Companion>) {
+        self.companion = Some(companion);
+    }
+
+    /// The companion of type `T`, if the file has one.
+    pub(crate) fn companion<T: 'static>(&self) -> Option<&T> {
+        self.companion.as_ref()?.as_any().downcast_ref()
+    }
+
+    pub(crate) fn companion_mut<T: 'static>(&mut self) -> Option<&mut T> {
+        self.companion.as_mut()?.as_any_mut().downcast_mut()
+    }
+
     fn open_path(path: &Path, direction: Direction) -> Result<OpenFile> {
         let base = match direction {
             Direction::Read => libc::O_RDONLY,
@@ -225,6 +252,7 @@ impl OpenFile {
                     size_at_open,
                     identity,
                     twin_access: base & libc::O_ACCMODE,
+                    companion: None,
                 })
             }
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -250,6 +278,7 @@ impl OpenFile {
                     size_at_open: None,
                     identity: None,
                     twin_access: base & libc::O_ACCMODE,
+                    companion: None,
                 })
             }
             Err(e) => Err(file_err(e)),
@@ -323,6 +352,7 @@ impl OpenFile {
             size_at_open,
             identity,
             twin_access: access,
+            companion: None,
         })
     }
 
@@ -425,6 +455,11 @@ impl OpenFile {
         }
         self.direct_fd = None;
         self.buffered_fd = None;
+        if let Some(companion) = &mut self.companion {
+            if let Err(errno) = companion.close_owned() {
+                first.get_or_insert(io::Error::from_raw_os_error(errno));
+            }
+        }
         match first {
             None => Ok(()),
             Some(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),

@@ -66,7 +66,7 @@ pub struct FileIdentity {
 /// alignment (as [`dio_alignment`]), the size (`None` when statx gave
 /// none), so that a read's extent check needs no second system call, and
 /// the file's identity.
-pub(super) fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>, Option<FileIdentity>) {
+pub(crate) fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>, Option<FileIdentity>) {
     // SAFETY: statx fills a zeroed struct; the empty path with AT_EMPTY_PATH
     // refers to `fd` itself.
     unsafe {

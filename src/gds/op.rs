@@ -98,7 +98,14 @@ pub(crate) fn prepare(
     };
     let (device_ptr, len) = (buffer.ptr() as u64, buffer.len());
     let file_offset = check_file_offset(file_offset, &target)?;
-    let file = OpenFile::open(target, direction)?;
+    let file = crate::stripe::open(target, direction)?;
+    if crate::stripe::is_striped(&file) {
+        return Err(Error::InvalidArgument(format!(
+            "{} is a striped file (deepnvme stripe set): GPUDirect Storage moves a CUDA buffer to one file; \
+             use an aio_handle with a CPU tensor for striped files",
+            file.display_path().display()
+        )));
+    }
     if direction == Direction::Read {
         check_read_extent(&file, file_offset, len)?;
     }

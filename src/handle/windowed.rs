@@ -77,14 +77,14 @@ impl Drop for WorkerChunks {
 /// its calling thread runs it from, parked in its queue entry whenever that
 /// thread runs Python, where anyone who must wait for it runs it instead.
 pub(super) enum DrivenWindowed {
-    NotStarted { op: WindowedOp, chunks: WorkerChunks, read_ahead: ReadAheadMemory },
+    NotStarted { op: Box<WindowedOp>, chunks: WorkerChunks, read_ahead: ReadAheadMemory },
     Running(Box<Suspended<WorkerChunks>>),
     Ended(Result<()>),
 }
 
 impl DrivenWindowed {
     pub(super) fn new(op: WindowedOp, chunks: WorkerChunks, read_ahead: ReadAheadMemory) -> DrivenWindowed {
-        DrivenWindowed::NotStarted { op, chunks, read_ahead }
+        DrivenWindowed::NotStarted { op: Box::new(op), chunks, read_ahead }
     }
 
     /// Runs the op, calling `between` before each chunk; true once it ended
@@ -98,7 +98,7 @@ impl DrivenWindowed {
         // A panic ends the op with an error naming it (its windows' I/O is
         // waited for as the unwind drops them), never as a success.
         let step = catch_unwind(AssertUnwindSafe(|| match state {
-            DrivenWindowed::NotStarted { op, chunks, read_ahead } => op.start(chunks, read_ahead, between),
+            DrivenWindowed::NotStarted { op, chunks, read_ahead } => (*op).start(chunks, read_ahead, between),
             DrivenWindowed::Running(suspended) => suspended.resume_until(between),
             DrivenWindowed::Ended(_) => unreachable!("handled above"),
         }))

@@ -69,6 +69,9 @@ pub(crate) fn report_validation(direction: Direction, file: &OpenFile, offset: u
 /// Reads `len` bytes at `offset` with a fresh buffered, read-only descriptor.
 fn read_back(file: &OpenFile, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
+    if let Some(bytes) = crate::stripe::read_back(file, offset, len) {
+        return bytes;
+    }
     let path = match file.path() {
         Some(p) => p.to_path_buf(),
         None => PathBuf::from(format!("/proc/self/fd/{}", file.any_fd())),

@@ -38,7 +38,7 @@ use crate::host_copy::parallel_copy;
 use crate::pinned::{page_size, PinnedMemoryManager, RegionHold};
 use caller::{bytes, bytes_mut, CallerMemory};
 use checks::{check_file_offset, check_read_extent, describe_op, report_validation};
-use plan::{plan_op, OpPlan};
+use plan::OpPlan;
 use window::WindowedOp;
 use work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
 
@@ -160,7 +160,7 @@ impl CpuOp {
         let OpRequest { direction, target, file_offset, buffer, staging, validate } = request;
         let file_offset = check_file_offset(file_offset, &target)?;
         let len = buffer.len();
-        let mut file = OpenFile::open(target, direction)?;
+        let mut file = crate::stripe::open(target, direction)?;
 
         if direction == Direction::Read {
             check_read_extent(&file, file_offset, len)?;
@@ -222,7 +222,7 @@ impl CpuOp {
             IoMemory::Direct { .. } => buffer.ptr(),
             IoMemory::Bounce { buffer: bounce, skew, .. } => bounce.as_ptr().wrapping_add(*skew),
         };
-        let plan = plan_op(direction, &mut file, file_offset, io_ptr, len, parallelism, params, registrable)?;
+        let plan = crate::stripe::plan_op(direction, &mut file, file_offset, io_ptr, len, parallelism, params, registrable)?;
         Ok(Prepared::Op(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate, given, footprint, copied_out: false, copy_error: None }))
     }
 

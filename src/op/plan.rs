@@ -64,6 +64,19 @@ pub(crate) struct OpPlan {
     pub file_identity: Option<FileIdentity>,
     /// The file is on a file system io_uring punts for (see `engine::choice`).
     pub punting_fs: Option<PuntingFs>,
+    /// When the segments are on other files than the op's own (a striped
+    /// file's members): how to name them in errors and order its slices.
+    pub members: Option<Box<dyn MemberNames>>,
+}
+
+/// How a plan whose segments are on other files than the op's names them
+/// (the stripe module's plans, on a striped file's members).
+pub(crate) trait MemberNames: std::fmt::Debug + Send + Sync {
+    /// `e` (from an engine, naming a segment's descriptor and offset) with
+    /// the file it failed on and where that is in the op's file.
+    fn name(&self, e: TransferError) -> TransferError;
+    /// The op's file bytes `[start, end)` that slice `index` moves.
+    fn slice_bounds(&self, index: usize) -> Option<(u64, u64)>;
 }
 
 impl OpPlan {
@@ -71,6 +84,9 @@ impl OpPlan {
     /// descriptor. A failure on the buffered twin of a caller's fd must name
     /// the fd the caller knows, not the short-lived twin the op opened.
     pub fn name_target(&self, e: TransferError) -> TransferError {
+        if let Some(members) = &self.members {
+            return members.name(e);
+        }
         let mut e = e.with_path(self.path.clone());
         if e.path.is_none() {
             if let Some(fd) = self.caller_fd {
@@ -139,10 +155,19 @@ impl OpWork for OpPlan {
         if !streams {
             return None;
         }
+        // A striped slice's segments are at member offsets: it is ordered
+        // by the logical bytes it moves.
+        let (start, end) = match &self.members {
+            Some(members) => members.slice_bounds(index)?,
+            None => (
+                slice.direct.iter().map(|g| g.file_offset).min()?,
+                slice.direct.iter().map(|g| g.file_offset + g.len as u64).max()?,
+            ),
+        };
         let footprint = Footprint {
             file: self.file_identity?,
-            start: slice.direct.iter().map(|g| g.file_offset).min()?,
-            end: slice.direct.iter().map(|g| g.file_offset + g.len as u64).max()?,
+            start,
+            end,
             memory: (
                 slice.direct.iter().map(|g| g.addr as usize).min()?,
                 slice.direct.iter().map(|g| g.addr as usize + g.len).max()?,
@@ -308,6 +333,7 @@ pub(crate) fn plan_op(
         registrable,
         file_identity: file.identity(),
         punting_fs: punting_fs_of(file),
+        members: None,
     }))
 }
 

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use super::caller::{bytes, bytes_mut, CallerMemory};
 use super::checks::{describe_op, report_validation};
-use super::plan::{plan_op, OpPlan};
+use super::plan::OpPlan;
 use super::read_ahead::{ReadAhead, ReadAheadMemory};
 use super::work::OpFootprint;
 use crate::bounce::{BounceBuffer, Purpose};
@@ -138,7 +138,7 @@ impl WindowedOp {
         let io_ptr = window.as_ptr().wrapping_add(self.skew);
         let memory = window.registrable().cloned();
         let file_offset = self.file_offset + off as u64;
-        plan_op(self.direction, &mut self.file, file_offset, io_ptr, n, self.parallelism, self.params, memory)
+        crate::stripe::plan_op(self.direction, &mut self.file, file_offset, io_ptr, n, self.parallelism, self.params, memory)
     }
 
     /// Starts the op with `runner` and runs it to its end, calling `between`

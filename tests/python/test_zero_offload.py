@@ -123,8 +123,9 @@ def knob_id(k):
     return f"pr{int(pr)}-pw{int(pw)}-par{par}-ss{int(ss)}-oe{int(oe)}"
 
 
-def job_list(base):
-    """Every job the tests look at, in the order one interpreter runs them."""
+def job_list(base, stripe=None):
+    """Every job the tests look at, in the order one interpreter runs them
+    (with `stripe`, a stripe set of two members, the jobs on it too)."""
     def job(name, *flags, env=None):
         return {"name": name, "argv": MODEL + ["--nvme-path", str(base / name / "swap")] + list(flags),
                 "env": env or {}}
@@ -139,18 +140,41 @@ def job_list(base):
         # for what a resumed run gives, whatever the writer.
         job("nvme-save-torch", *knob_flags(*KNOBS[1]), "--save-at", "3", "--ckpt-dir", ckpt + "-torch"),
         job("nvme-resume-torch", *knob_flags(*KNOBS[1]), "--resume", ckpt + "-torch"),
-    ])
+    ] + ([] if stripe is None else [
+        # The same job with its nvme_path, then its FastPersist checkpoint, on a stripe set.
+        {"name": "nvme-stripe", "env": {},
+         "argv": MODEL + ["--nvme-path", stripe.path("zero/swap")] + knob_flags(*KNOBS[1])},
+        {"name": "nvme-stripe-save-fast", "env": fast,
+         "argv": MODEL + ["--nvme-path", stripe.path("zero/swap-save"), "--writer", "fast", "--save-at", "3",
+                          "--ckpt-dir", stripe.path("ckpt")] + knob_flags(*KNOBS[1])},
+    ]))
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
+def stripe(tmp_path_factory):
+    """A stripe set over two members, each ext4 on a loop device (None,
+    and its tests skip saying why, where root cannot make them)."""
+    from _stripe import StripeSet, cannot_make_devices
+
+    if cannot_make_devices():
+        yield None
+        return
+    s = StripeSet(str(tmp_path_factory.mktemp("zero-stripe")), 2, 1 << 20)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory, stripe):
     """Runs every job once, in one fresh interpreter (importing torch and
     DeepSpeed once: on a busy 2-core machine that alone takes tens of
     seconds); returns {name: report}. A job that raised has "error"."""
     base = tmp_path_factory.mktemp("zero")
-    jobs = job_list(base)
+    jobs = job_list(base, stripe)
     for j in jobs:
-        (base / j["name"]).mkdir()
+        (base / j["name"]).mkdir(exist_ok=True)
     out = base / "reports"
     out.mkdir()
     env = dict(os.environ, DEEPNVME_LOG="quiet", PYTHONUNBUFFERED="1")
@@ -164,6 +188,7 @@ def reports(tmp_path_factory):
     if proc.returncode != 0 or not found:
         pytest.fail(f"the jobs' interpreter failed with status {proc.returncode}\n"
                     f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
+    found["__base__"] = base
     return found
 
 
@@ -254,3 +279,82 @@ def test_fastpersist_checkpoint_resumes_as_torch_save_does(reports):
     assert resumed["first_step"] == reference["first_step"] == 4
     assert resumed["losses"][0] == whole["losses"][3], (resumed["losses"], whole["losses"])
     assert resumed["losses"] == reference["losses"], (resumed["losses"], reference["losses"])
+
+
+def needs_stripe(stripe):
+    if stripe is None:
+        from _stripe import cannot_make_devices
+
+        pytest.skip(f"ZeRO-3 on a stripe set not run: {cannot_make_devices()}")
+
+
+def test_zero3_on_a_stripe_set_of_two_gives_the_unstriped_losses(reports, stripe):
+    """The same ZeRO-3 NVMe job with its nvme_path on a stripe set of two
+    members (loop devices): losses bit for bit those of the unstriped job,
+    and its swap files really striped (placeholders, bytes in both members)."""
+    needs_stripe(stripe)
+    plain = report(reports, "nvme-" + knob_id(KNOBS[1]))
+    striped = report(reports, "nvme-stripe")
+    assert striped["losses"] == plain["losses"], (striped["losses"], plain["losses"])
+    methods = {m for m, *_ in striped["records"]}
+    assert methods & {"async_pwrite", "sync_pwrite"} and methods & {"async_pread", "sync_pread"}, methods
+    swapped = []
+    for folder, _, files in os.walk(stripe.path("zero/swap")):
+        for name in files:
+            rel = os.path.relpath(os.path.join(folder, name), stripe.root)
+            if stripe.is_striped(rel):
+                swapped.append(rel)
+                assert not stripe.holds_data(rel), f"{rel}: a placeholder holds no bytes"
+    assert swapped, "DeepSpeed's swap files on the stripe set are not striped"
+    for m in stripe.members:
+        held = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(m, "zero")) for f in fs)
+        assert held > 0, f"member {m} holds no swap bytes"
+
+
+def tensors_of(obj, prefix=""):
+    """Every tensor in a loaded checkpoint, by its path in the structure."""
+    if isinstance(obj, torch.Tensor):
+        return [(prefix, obj)]
+    if isinstance(obj, dict):
+        return [t for k in sorted(obj, key=str) for t in tensors_of(obj[k], f"{prefix}/{k}")]
+    if isinstance(obj, (list, tuple)):
+        return [t for i, v in enumerate(obj) for t in tensors_of(v, f"{prefix}/{i}")]
+    return []
+
+
+def test_fastpersist_checkpoint_on_a_stripe_set_reads_back_through_stripe_cat(reports, stripe, tmp_path):
+    """A FastPersist checkpoint saved into a stripe set: `deepnvme stripe
+    cat` gives each file's logical bytes exactly (as read from the member
+    files, and the placeholder's own tail), and what it gives loads with
+    torch.load to the tensors of the same checkpoint saved unstriped."""
+    needs_stripe(stripe)
+    from _stripe import cli_binary
+
+    saved = report(reports, "nvme-stripe-save-fast")
+    assert saved["losses"] == report(reports, "nvme-save-fast")["losses"]
+    cli = cli_binary()
+    if cli is None:
+        pytest.skip("cargo is not on PATH: no deepnvme CLI to run `stripe cat` with")
+    files = sorted(os.path.relpath(os.path.join(d, f), stripe.root)
+                   for d, _, fs in os.walk(stripe.path("ckpt")) for f in fs)
+    striped = [f for f in files if stripe.is_striped(f)]
+    assert any(f.endswith(".pt") for f in striped), f"no checkpoint file was striped: {files}"
+    out = tmp_path / "copied"
+    for rel in files:
+        got = subprocess.run([cli, "stripe", "cat", stripe.path(rel)], capture_output=True, timeout=300)
+        assert got.returncode == 0, got.stderr.decode()
+        want = stripe.logical(rel) if rel in striped else open(stripe.path(rel), "rb").read()
+        assert got.stdout == want, f"stripe cat {rel}: {len(got.stdout)} bytes, not the file's {len(want)}"
+        dest = out / os.path.relpath(rel, "ckpt")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(got.stdout)
+    reference = os.path.join(str(reports["__base__"]), "ckpt-fast")
+    for rel in striped:
+        if not rel.endswith(".pt"):
+            continue
+        mine = torch.load(str(out / os.path.relpath(rel, "ckpt")), weights_only=False)
+        theirs = torch.load(os.path.join(reference, os.path.relpath(rel, "ckpt")), weights_only=False)
+        a, b = tensors_of(mine), tensors_of(theirs)
+        assert [k for k, _ in a] == [k for k, _ in b], rel
+        for (k, x), (_, y) in zip(a, b):
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), f"{rel}: {k}"

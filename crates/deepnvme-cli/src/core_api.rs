@@ -4,6 +4,7 @@
 
 pub use deepnvme::gds::{GdsError, GdsLibrary, CUFILE_ENV_PATH_JSON, CUFILE_LIB_ENV};
 pub use deepnvme::knobs::ENGINE_ENV;
+pub use deepnvme::stripe;
 pub use deepnvme::{dio_alignment, errno_text};
 pub use deepnvme::pinned::{memlock_limit, page_size, LockMode, LockedBuffer, PageAlignedBuffer};
 pub use deepnvme::{

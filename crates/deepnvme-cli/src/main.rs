@@ -1,6 +1,6 @@
 //! The `deepnvme` command-line tool: benchmark (`bench`), knob sweep
-//! (`tune`), environment report (`info`) and checks (`doctor`) for the
-//! DeepNVMe core.
+//! (`tune`), environment report (`info`), checks (`doctor`) and stripe
+//! sets (`stripe`) for the DeepNVMe core.
 //!
 //! This file owns the top-level command (clap), subcommand dispatch and the
 //! exit status: 0 on success, 1 when the work fails, 2 for a bad command
@@ -9,6 +9,7 @@
 //!   suffixes, counts, switches), sizes for output, [`CliError`];
 //! * `bench`, `tune`, `info`: the subcommands, their options and `--json`;
 //! * `doctor`: the checks of `deepnvme doctor`, one module per concern;
+//! * `stripe`: `deepnvme stripe` (create, inspect, remove, cat);
 //! * `runner`: the file, locked buffer, handle and timed pass they share;
 //! * `core_api`: every item of the core crate the tool uses, in one place;
 //! * `progress`: the progress line (and informational lines) on stderr.
@@ -20,6 +21,7 @@ mod doctor;
 mod info;
 mod progress;
 mod runner;
+mod stripe;
 mod tune;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -55,6 +57,8 @@ enum Command {
     Info(info::InfoArgs),
     #[command(about = doctor::ABOUT, long_about = doctor::LONG_ABOUT, after_help = doctor::AFTER_HELP)]
     Doctor(doctor::DoctorArgs),
+    #[command(about = stripe::ABOUT, long_about = stripe::LONG_ABOUT, after_help = stripe::AFTER_HELP)]
+    Stripe(stripe::StripeArgs),
     /// The version (as --version)
     #[command(hide = true)]
     Version,
@@ -66,6 +70,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Tune(a) => tune::main(a),
         Command::Info(a) => info::main(a),
         Command::Doctor(a) => doctor::main(a),
+        Command::Stripe(a) => stripe::main(a),
         Command::Version => {
             println!("deepnvme {}", env!("CARGO_PKG_VERSION"));
             Ok(())

@@ -203,7 +203,7 @@ fn fs_finding(m: &Mount, where_: &str) -> Finding {
 }
 
 /// The bytes the run writes in `t`, and what they are.
-fn needed(ctx: &Context, t: &Target) -> (u64, String) {
+pub(super) fn needed(ctx: &Context, t: &Target) -> (u64, String) {
     let mut need = 0;
     let mut what = Vec::new();
     if let Some(cfg) = ctx.config.as_ref().filter(|c| c.swaps()) {
@@ -416,7 +416,13 @@ pub fn check_target(ctx: &Context, t: &Target) -> Vec<Finding> {
         out.push(f);
     }
 
-    if let Some((free, total)) = space(dir) {
+    if let Some(root) = super::stripe::set_root(dir) {
+        // A stripe set's files keep their bytes in its members.
+        out.push(Finding::ok(SECTION, "free space", "a stripe set: its placeholders hold no bytes").why(format!(
+            "files under {} keep their bytes in its members (see the stripe section)",
+            root.display()
+        )));
+    } else if let Some((free, total)) = space(dir) {
         let (need, what) = needed(ctx, t);
         let summary = format!("{} free of {}", fmt_size_approx(free), fmt_size_approx(total));
         let f = if free < need {

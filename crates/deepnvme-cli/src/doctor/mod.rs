@@ -19,6 +19,7 @@
 //! * `engine`: io_uring allowed or not, and why (sysctl, seccomp, kernel);
 //! * `memlock`: RLIMIT_MEMLOCK and CAP_IPC_LOCK against the locked buffers;
 //! * `filesystem`: each folder's mount, O_DIRECT, statx alignment, free space;
+//! * `stripe`: a stripe set's members (present, writable, O_DIRECT, distinct drives, room);
 //! * `device`: the block device: model, transport, rotational, scheduler, nr_requests, cgroup limits;
 //! * `cgroup`: the I/O limits cgroups put on this process for a device;
 //! * `sharing`: another job's open files or fresh swap files in a folder;
@@ -41,6 +42,7 @@ mod lax;
 mod memlock;
 mod report;
 mod sharing;
+mod stripe;
 mod validation;
 
 use std::cell::OnceCell;
@@ -64,6 +66,7 @@ const SECTIONS: &[Section] = &[
     ("engine", engine::check),
     ("memlock", memlock::check),
     ("filesystem", filesystem::check),
+    ("stripe", stripe::check),
     ("device", device::check),
     ("sharing", sharing::check),
     ("gds", gds::check),
@@ -83,6 +86,7 @@ for each finding ok, skip (not checked here), WARN or FAIL, why, and what to do:
   engine      io_uring allowed (kernel.io_uring_disabled, seccomp), the psync fallback
   memlock     RLIMIT_MEMLOCK against what the config's swap buffers lock
   filesystem  each folder's file system: type, read-only, O_DIRECT, alignment, free space
+  stripe      a stripe set's members: present, writable, O_DIRECT, distinct drives, free space
   device      the block device: kind, rotational, scheduler, nr_requests, cgroup I/O limits
   sharing     other jobs' open files or fresh swap files in each folder
   gds         GPUDirect Storage: libcufile, libcuda, nvidia-fs or P2PDMA, cufile.json
@@ -171,7 +175,7 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
 
-    /// Only these sections (comma-separated): config, buffers, engine, memlock, filesystem, device, sharing, gds,
+    /// Only these sections (comma-separated): config, buffers, engine, memlock, filesystem, stripe, device, sharing, gds,
     /// frontend, bench
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_section)]
     only: Vec<&'static str>,

@@ -1,0 +1,222 @@
+"""Stripe sets through DeepSpeed's aio_handle (both front ends): files under
+one folder whose bytes are on several member folders, each on its own
+block device (ext4 on a fresh loop device per member; the tests skip,
+saying why, where root cannot make them).
+
+* a model: random async and blocking reads and writes on overlapping
+  slices of locked and plain tensors and of striped files, compared byte
+  for byte after every wait with a model applied in submission order (the
+  files are read from the member files with this file's own arithmetic);
+* DeepSpeed's swap-folder handling (rmtree, makedirs, same names again,
+  os.path.getsize);
+* FastPersist's FastFileWriter on a stripe set: the checkpoint's logical
+  bytes equal a plain torch.save's;
+* a member failing while a write is in flight (its file made immutable):
+  RuntimeError naming the member file and the errno, earlier bytes intact.
+
+The sets come from _stripe.py.
+"""
+
+import errno
+import fcntl
+import io
+import os
+import random
+import shutil
+import struct
+import sys
+import types
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _util import pattern, tbytes  # noqa: E402
+from _stripe import StripeSet, cannot_make_devices  # noqa: E402
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+@pytest.fixture(scope="module")
+def stripe_set(tmp_path_factory):
+    why = cannot_make_devices()
+    if why:
+        pytest.skip(f"stripe sets on real devices not tested: {why}")
+    s = StripeSet(str(tmp_path_factory.mktemp("stripe")), 3, 64 * KIB)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_a_model_of_random_ops_on_locked_and_plain_tensors(stripe_set, new_handle, locked):
+    seed = int(os.environ.get("DEEPNVME_MODEL_SEED") or random.randrange(1 << 32))
+    print(f"stripe model seed {seed} (DEEPNVME_MODEL_SEED={seed} replays it)", file=sys.stderr)
+    rng = random.Random(seed)
+    h = new_handle(block_size=64 * KIB, queue_depth=8, single_submit=False, overlap_events=True, intra_op_parallelism=2)
+    base, file_len = 3 * MIB, 2 * MIB + 12 * KIB
+    names = [f"model-{seed}-{i}.bin" for i in range(3)]
+    files = []
+    for i, name in enumerate(names):
+        data = pattern(file_len, seed + i)
+        t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        assert h.sync_pwrite(t, stripe_set.path(name)) == 1
+        files.append(bytearray(data))
+    tensors = [locked(base), torch.zeros(base, dtype=torch.uint8)]
+    models = []
+    for i, t in enumerate(tensors):
+        init = pattern(base, seed + 100 + i)
+        t.copy_(torch.frombuffer(bytearray(init), dtype=torch.uint8))
+        models.append(bytearray(init))
+
+    def check(step):
+        for i, t in enumerate(tensors):
+            assert tbytes(t) == bytes(models[i]), f"seed {seed}: tensor {i} after {step}"
+        for i, name in enumerate(names):
+            got = stripe_set.logical(name)
+            if got != bytes(files[i]):
+                bad = [k for k in range(len(got)) if got[k] != files[i][k]]
+                raise AssertionError(f"seed {seed}: {name} after {step}: {len(bad)} bytes differ, "
+                                     f"first at {bad[0]}, last at {bad[-1]}; ops: {history}")
+
+    in_flight = []
+    history = []
+    for step in range(80):
+        if rng.random() < 0.15:
+            assert h.wait() == len(in_flight)
+            in_flight.clear()
+            check(f"op {step} (wait)")
+            continue
+        m, f = rng.randrange(2), rng.randrange(3)
+        n = rng.choice([rng.randrange(1, 40) * 4096, rng.randrange(1, 150_000) * 2])
+        n = min(n, file_len)
+        start, off = rng.randrange(base - n + 1), rng.randrange(file_len - n + 1)
+        shape = rng.randrange(3)
+        if shape == 0:  # page-aligned
+            start, off = start & ~4095, off & ~4095
+        elif shape == 1:  # memory and file co-aligned to 512 B only: direct I/O from inside a page
+            start = (start & ~511) | (off & 511)
+        view = tensors[m][start:start + n]
+        write, is_async = rng.random() < 0.5, rng.random() < 0.6
+        call = (h.async_pwrite if write else h.async_pread) if is_async else (h.sync_pwrite if write else h.sync_pread)
+        rc = call(view, stripe_set.path(names[f]), off)
+        history.append((step, "w" if write else "r", "async" if is_async else "sync", f"t{m}[{start}:{start + n}]",
+                        f"f{f}@{off}"))
+        if write:
+            files[f][off:off + n] = models[m][start:start + n]
+        else:
+            models[m][start:start + n] = files[f][off:off + n]
+        if is_async:
+            assert rc == 0
+            in_flight.append(view)
+        else:
+            assert rc == len(in_flight) + 1
+            in_flight.clear()
+            check(f"op {step} (blocking)")
+    assert h.wait() == len(in_flight)
+    check("the last wait")
+
+
+def test_deepspeeds_swap_folder_handling(stripe_set, new_handle, locked):
+    h = new_handle(block_size=MIB, queue_depth=32, single_submit=False, overlap_events=True, intra_op_parallelism=1)
+    folder = stripe_set.path("zero_stage_3/float16params/rank0")
+    for round_ in range(2):
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder, exist_ok=True)
+        n = 3 * MIB if round_ == 0 else 256 * KIB
+        for p in range(3):
+            rel = f"zero_stage_3/float16params/rank0/{p}_param.tensor.swp"
+            t = locked(n)
+            t.copy_(torch.frombuffer(bytearray(pattern(n, 10 * round_ + p)), dtype=torch.uint8))
+            assert h.async_pwrite(t, stripe_set.path(rel)) == 0
+            assert h.wait() == 1
+            assert os.path.getsize(stripe_set.path(rel)) == n
+            back = locked(n)
+            assert h.sync_pread(back, stripe_set.path(rel)) == 1
+            assert tbytes(back) == tbytes(t)
+            assert stripe_set.logical(rel) == tbytes(t)
+
+
+def test_fast_file_writer_checkpoint_on_a_stripe_set(stripe_set, new_handle, locked, tmp_path):
+    import deepspeed.io.fast_file_writer as ffw
+    from deepspeed.io import FastFileWriterConfig
+
+    def cast(x):
+        if isinstance(x, (list, tuple)):
+            return [cast(t) for t in x]
+        return x if x.nbytes <= 1 else x.reshape(-1).view(torch.uint8)
+
+    class CpuUtils:
+
+        def load(self, verbose=False):
+            return types.SimpleNamespace(cast_to_byte_tensor=cast)
+
+    saved = ffw.UtilsBuilder
+    ffw.UtilsBuilder = CpuUtils
+    try:
+        h = new_handle(block_size=8192, queue_depth=8, single_submit=False, overlap_events=True,
+                       intra_op_parallelism=1)
+        g = torch.Generator().manual_seed(5)
+        sd = {"w": torch.randn(300, 301, generator=g), "b": torch.randn(7, generator=g), "step": 3}
+        os.makedirs(stripe_set.path("ckpt"), exist_ok=True)
+        path = stripe_set.path("ckpt/model.pt")
+        writer = ffw.FastFileWriter(file_path=path, config=FastFileWriterConfig(
+            dnvme_handle=h, pinned_tensor=locked(64 * KIB, via=h), double_buffer=True))
+        torch.save(sd, writer)
+        writer.close()
+        del writer
+    finally:
+        ffw.UtilsBuilder = saved
+    # torch.save names the archive after the file, or "archive" for a file object.
+    plain = io.BytesIO()
+    torch.save(sd, plain)
+    want = plain.getvalue()
+    assert os.path.getsize(path) == len(want)
+    assert stripe_set.logical("ckpt/model.pt") == want
+    # The unaligned tail FastFileWriter appended itself is the placeholder's own.
+    assert stripe_set.extent("ckpt/model.pt") < len(want)
+    back = torch.empty(len(want), dtype=torch.uint8)
+    assert h.sync_pread(back, path) == 1
+    assert tbytes(back) == want
+
+
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
+
+
+def set_immutable(path, on):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = bytearray(8)
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, buf)
+        flags = struct.unpack("q", buf)[0]
+        flags = flags | FS_IMMUTABLE_FL if on else flags & ~FS_IMMUTABLE_FL
+        fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("q", flags))
+    finally:
+        os.close(fd)
+
+
+def test_a_member_failing_mid_write_names_it(stripe_set, new_handle, locked):
+    h = new_handle(block_size=MIB, queue_depth=32, single_submit=False, overlap_events=True, intra_op_parallelism=2)
+    first = locked(4 * MIB)
+    first.copy_(torch.frombuffer(bytearray(pattern(4 * MIB, 41)), dtype=torch.uint8))
+    assert h.sync_pwrite(first, stripe_set.path("fail.bin")) == 1
+    big = locked(96 * MIB)
+    big.fill_(7)
+    member_file = os.path.join(stripe_set.members[1], "fail.bin")
+    failure = None
+    for attempt in range(20):
+        assert h.async_pwrite(big, stripe_set.path("fail.bin"), 4 * MIB) == 0
+        set_immutable(member_file, True)
+        try:
+            h.wait()
+        except RuntimeError as e:
+            failure = str(e)
+        finally:
+            set_immutable(member_file, False)
+        if failure:
+            break
+    if failure is None:
+        pytest.skip("every write finished before the member failed")
+    assert member_file in failure and "stripe member 1" in failure, failure
+    assert f"errno {errno.EPERM}" in failure, failure
+    assert stripe_set.logical("fail.bin")[:4 * MIB] == tbytes(first)
