@@ -59,7 +59,11 @@ fn a_healthy_directory_passes_and_every_finding_is_complete() {
     // No false alarm on a healthy setup (memlock as root: CAP_IPC_LOCK).
     let (soft, _) = deepnvme_memlock();
     if root() || soft >= 8 << 20 {
-        assert!(problems(&j).is_empty(), "a healthy setup: {:#?}", problems(&j));
+        // Except the speed comparison with fio: a debug build on a machine
+        // others load may fall under fio's pace (a WARN, exit 0); speed is
+        // not what this test checks.
+        let alarms: Vec<String> = problems(&j).into_iter().filter(|p| !p.starts_with("\"bench\"/\"fio\" \"warn\"")).collect();
+        assert!(alarms.is_empty(), "a healthy setup: {alarms:#?}");
         assert_eq!(code, Some(0), "{err}");
     }
     // The checkout's file system is a disk file system with O_DIRECT.
