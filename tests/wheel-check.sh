@@ -28,14 +28,15 @@ cd "$ROOT"
 say() { printf '\n== %s\n' "$*"; }
 
 [ -x "$VENV/bin/python" ] || { echo "no build venv at $VENV: run bindings/install.sh first" >&2; exit 1; }
-if ! "$VENV/bin/python" -c 'import maturin' 2>/dev/null; then
-    say "installing maturin into $VENV"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check "maturin>=1.5,<2"
+if ! "$VENV/bin/python" -c 'import maturin, ziglang' 2>/dev/null || [ ! -x "$VENV/bin/cargo-zigbuild" ]; then
+    say "installing maturin, ziglang and cargo-zigbuild into $VENV"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check "maturin>=1.5,<2" "ziglang>=0.13" \
+        "cargo-zigbuild>=0.19"
 fi
 
-say "building the abi3 wheel (maturin, --features python)"
+say "building the wheel (pyproject.toml: maturin --zig, manylinux2014, the CLI inside)"
 rm -f "$OUT"/deepnvme-*.whl
-PYTHON="$VENV/bin/python" MATURIN="$VENV/bin/maturin" bindings/wheel/build.sh "$OUT"
+PYTHON="$VENV/bin/python" bindings/wheel/build.sh "$OUT"
 WHEEL=$(ls "$OUT"/deepnvme-*.whl)
 echo "wheel: $WHEEL"
 

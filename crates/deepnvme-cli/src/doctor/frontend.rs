@@ -48,8 +48,17 @@ impl PythonInfo {
     }
 }
 
-/// The interpreter to ask.
+/// The console script's interpreter (`deepnvme/__main__.py` sets it when the
+/// CLI runs from the wheel), so that `venv/bin/deepnvme doctor` checks that
+/// venv even when it is not activated.
+const SHIM_PYTHON_ENV: &str = "DEEPNVME_CLI_PYTHON";
+
+/// The interpreter to ask: the one the console script ran in, else the
+/// active virtual environment's, else `python3`.
 pub fn default_python() -> PathBuf {
+    if let Some(python) = std::env::var_os(SHIM_PYTHON_ENV).filter(|p| Path::new(p).exists()) {
+        return PathBuf::from(python);
+    }
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
         let p = Path::new(&venv).join("bin/python");
         if p.exists() {
