@@ -49,11 +49,19 @@ import os
 FRONTEND_API = ("aio_handle", "pin_handle", "gds_handle", "aio_read", "aio_write", "deepspeed_memcpy")
 
 __all__ = [
-    "OPS", "FRONTEND_ENV", "choose_frontend", "load_op", "op_unavailable_reason", "native", "stats",
+    "DeepNVMeWarning", "OPS", "FRONTEND_ENV", "choose_frontend", "load_op", "op_unavailable_reason", "native", "stats",
     "provided_ops", "include_dir", "library_dir", "libraries", *FRONTEND_API,
 ]
 
 OPS = ("async_io", "pin_memory", "gds")
+
+
+class DeepNVMeWarning(UserWarning):
+    """What deepnvme warns about through Python's ``warnings`` (the one-time
+    note that heavy NVMe offload wears out consumer SSDs), from either front
+    end. Silence it with
+    ``warnings.filterwarnings("ignore", category=deepnvme.DeepNVMeWarning)``.
+    Informational lines go to ``logging.getLogger("deepnvme")`` instead."""
 
 
 def __getattr__(name):
