@@ -14,7 +14,7 @@ __version__: str
 __all__ = [
     "__version__", "engine_name", "io_uring_unavailable_reason", "pinned_stats", "memlock_rlimit",
     "gds_unavailable_reason", "gds_environment", "stats", "aio_handle", "gds_handle", "pin_handle",
-    "LockedMemory", "aio_read", "aio_write", "deepspeed_memcpy",
+    "LockedMemory", "aio_read", "aio_write", "deepspeed_memcpy", "_flush_log",
 ]
 
 @type_check_only
@@ -38,6 +38,7 @@ def memlock_rlimit() -> tuple[int, int]: ...
 def gds_unavailable_reason() -> Optional[str]: ...
 def gds_environment() -> str: ...
 def stats() -> _Stats: ...
+def _flush_log() -> None: ...
 
 @final
 class aio_handle:
