@@ -101,11 +101,18 @@ PY
 
 say "the sdist: LICENSE and what building needs; no perf PNG, no Python test suite"
 rm -f "$OUT"/deepnvme-*.tar.gz
-"$VENV/bin/maturin" sdist --manifest-path "$ROOT/Cargo.toml" -o "$OUT"
+# Through the PEP 517 backend, as `python -m build --sdist` would call it.
+(cd "$ROOT" && PATH="$VENV/bin:$PATH" "$VENV/bin/python" -c 'import sys; sys.path.insert(0, "bindings/backend")
+import deepnvme_backend; print(deepnvme_backend.build_sdist(sys.argv[1]))' "$OUT")
 "$VENV/bin/python" - "$OUT"/deepnvme-*.tar.gz <<'PY'
 import sys, tarfile
 with tarfile.open(sys.argv[1]) as t:
     names = [n.split("/", 1)[1] for n in t.getnames() if "/" in n]
+with tarfile.open(sys.argv[1]) as t:
+    top = t.getnames()[0].split("/")[0]
+    manifest = t.extractfile(f"{top}/Cargo.toml").read().decode()
+# The workspace keeps the CLI (maturin alone would drop it): the wheel built from the sdist builds it.
+assert '"crates/deepnvme-cli"' in manifest, manifest
 for needed in ("LICENSE", "pyproject.toml", "Cargo.toml", "Cargo.lock", "src/lib.rs", "bindings/deepnvme/__init__.py",
                "bindings/deepnvme/_native.pyi", "bindings/backend/deepnvme_backend.py",
                "crates/deepnvme-cli/Cargo.toml", "crates/deepnvme-cli/src/main.rs"):

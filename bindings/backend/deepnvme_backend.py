@@ -14,17 +14,19 @@ cargo-zigbuild (the same zig, from the `ziglang` package). Both stripped.
 `MATURIN_PEP517_ARGS` still overrides maturin's arguments.
 """
 
+import gzip
+import io
 import os
 import platform
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 from pathlib import Path
 
 import maturin
 from maturin import (  # noqa: F401  (the hooks this backend passes through as they are)
-    build_sdist,
     get_requires_for_build_sdist,
     get_requires_for_build_wheel,
     prepare_metadata_for_build_wheel,
@@ -90,6 +92,30 @@ def build_cli():
 
 def _maturin_defaults():
     os.environ.setdefault("MATURIN_PEP517_ARGS", MATURIN_ARGS)
+
+
+def build_sdist(sdist_directory, config_settings=None):
+    """maturin's sdist, with the workspace manifest as it is in the checkout:
+    maturin keeps only the workspace members the module's crate depends on,
+    which drops the CLI (crates/deepnvme-cli, which depends on the core, not
+    the other way round), and a wheel built from the sdist must build it."""
+    name = maturin.build_sdist(sdist_directory, config_settings)
+    path = Path(sdist_directory) / name
+    manifest = (ROOT / "Cargo.toml").read_bytes()
+    out = io.BytesIO()
+    with tarfile.open(path, "r:gz") as src, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
+        top = src.getmembers()[0].name.split("/")[0]
+        for member in src.getmembers():
+            data = src.extractfile(member).read() if member.isfile() else None
+            if member.name == f"{top}/Cargo.toml":
+                data = manifest
+                member.size = len(data)
+            dst.addfile(member, io.BytesIO(data) if data is not None else None)
+    # mtime 0: the same sources give the same file, as maturin's does.
+    with open(path, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as gz:
+        gz.write(out.getvalue())
+    _log(f"sdist: {path} (the workspace manifest keeps {CLI_PACKAGE})")
+    return name
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
