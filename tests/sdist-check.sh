@@ -25,11 +25,22 @@ env -u CARGO_TARGET_DIR "$WORK/venv/bin/python" -m pip wheel --disable-pip-versi
 BUILT=$(ls "$WORK/out"/deepnvme-*.whl)
 
 echo "== comparing $(basename "$BUILT") with $(basename "$WHEEL")"
+mkdir -p "$OUT/from-sdist" && cp "$BUILT" "$OUT/from-sdist/"  # kept for a look when they differ
 "$WORK/venv/bin/python" - "$WHEEL" "$BUILT" <<'PY'
-import hashlib, sys, zipfile
+import hashlib, json, re, sys, zipfile
+def normalized(name, data):
+    """maturin's SBOM is made per build: a random serial number, a time
+    stamp and the source folder in references. The rest must match."""
+    if not name.endswith(".cyclonedx.json"):
+        return data
+    sbom = json.loads(data)
+    sbom.pop("serialNumber", None)
+    sbom.get("metadata", {}).pop("timestamp", None)
+    text = json.dumps(sbom, sort_keys=True)
+    return re.sub(r"path\+file://[^#\"]*", "path+file://<source>", text).encode()
 def contents(path):
     with zipfile.ZipFile(path) as z:
-        return {i.filename: (hashlib.sha256(z.read(i)).hexdigest(), i.external_attr >> 16)
+        return {i.filename: (hashlib.sha256(normalized(i.filename, z.read(i))).hexdigest(), i.external_attr >> 16)
                 for i in z.infolist() if not i.filename.endswith("/RECORD")}
 a, b = contents(sys.argv[1]), contents(sys.argv[2])
 import os
@@ -39,5 +50,5 @@ differ = sorted(n for n in a if a[n] != b[n])
 for n in sorted(a):
     print(("DIFFERS " if n in differ else "same    ") + n)
 assert not differ, f"{len(differ)} file(s) differ: {differ}"
-print("the sdist's wheel is the checkout's wheel, file for file")
+print("the sdist's wheel is the checkout's wheel, file for file (the SBOM's serial number, time and source folder aside)")
 PY

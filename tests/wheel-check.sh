@@ -114,7 +114,7 @@ with tarfile.open(sys.argv[1]) as t:
 # The workspace keeps the CLI (maturin alone would drop it): the wheel built from the sdist builds it.
 assert '"crates/deepnvme-cli"' in manifest, manifest
 for needed in ("LICENSE", "pyproject.toml", "Cargo.toml", "Cargo.lock", "src/lib.rs", "bindings/deepnvme/__init__.py",
-               "bindings/deepnvme/_native.pyi", "bindings/backend/deepnvme_backend.py",
+               "bindings/deepnvme/_native.pyi", "bindings/backend/deepnvme_backend.py", "bindings/deepnvme-deepspeed.pth",
                "crates/deepnvme-cli/Cargo.toml", "crates/deepnvme-cli/src/main.rs"):
     assert needed in names, (needed, names)
 bad = [n for n in names if n.endswith(".png") or n.startswith("tests/python/") or n.startswith("bindings/deepnvme/_bin/")]
