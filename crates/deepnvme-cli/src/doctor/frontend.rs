@@ -138,7 +138,7 @@ pub fn probe(python: &Path, config: Option<&Path>) -> Result<PythonInfo, String>
 
 /// The command that rebuilds the compiled modules for the torch installed
 /// in `python`: pip builds the package from the checkout this binary runs
-/// from (`cargo run`: <checkout>/target/...), found at run time so that the
+/// from (`cargo run`: `<checkout>/target/...`), found at run time so that the
 /// binary holds no build path (the wheel's CLI is the same bytes wherever
 /// it was built).
 fn rebuild(python: &str) -> String {
