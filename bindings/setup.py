@@ -281,15 +281,42 @@ def write_build_info(path):
     log(f"deepnvme: built for {info}")
 
 
+def project_metadata():
+    """The package's metadata from the one definition, the root
+    pyproject.toml's [project] table (the wheel's build reads it too). The
+    console script is left out: this build ships no CLI binary (`cargo run
+    -- doctor` from the checkout; `python -m deepnvme` says so)."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        try:
+            import tomli as tomllib
+        except ImportError:
+            log("deepnvme: no tomllib/tomli: building with the name and description only")
+            return {"name": "deepnvme", "description": "DeepSpeed DeepNVMe ops backed by a Rust core",
+                    "python_requires": ">=3.9"}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return {
+        "name": project["name"],
+        "description": project["description"],
+        "long_description": (ROOT / project["readme"]).read_text(),
+        "long_description_content_type": "text/markdown",
+        "keywords": project.get("keywords", []),
+        "classifiers": project.get("classifiers", []),
+        "project_urls": project.get("urls", {}),
+        "url": project.get("urls", {}).get("Homepage"),
+        "license": project["license"],
+        "python_requires": project["requires-python"],
+    }
+
+
 def main():
     setup(
-        name="deepnvme",
         version=_core_build.cargo_package_version(ROOT / "Cargo.toml"),
-        description="DeepSpeed DeepNVMe ops (async_io, gds, pin_memory) backed by a Rust core",
+        **project_metadata(),
         packages=["deepnvme"],
         ext_modules=make_extensions(),
         cmdclass={"build_ext": build_ext_class(), "build_py": BuildPyWithHook},
-        python_requires=">=3.9",
         zip_safe=False,
     )
 

@@ -459,9 +459,10 @@ pub mod calls {
 }
 
 /// DeepSpeed's one-time warning that heavy NVMe offload wears out consumer
-/// SSDs. Process-wide; with the `python` feature it goes through
-/// `deepspeed.utils.logger.warning` and honours the cross-extension marker
-/// attribute, else it prints on stderr. It never affects an I/O.
+/// SSDs. Process-wide; with the `python` feature it is a Python warning
+/// (`deepnvme.DeepNVMeWarning`, which `warnings` filters can silence) and
+/// honours DeepSpeed's cross-extension marker attribute, else it prints on
+/// stderr. It never affects an I/O.
 pub mod write_warning {
     use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -4,7 +4,7 @@
 //!   code could otherwise free or move ([`with_interpreter_lock`]);
 //! * letting go of it while a call blocks ([`without_gil`]);
 //! * running pending signal handlers ([`check_signals`]) and DeepSpeed's
-//!   write warning through its logger ([`emit_write_warning`]).
+//!   write warning as a Python warning ([`emit_write_warning`]).
 //!
 //! Without the `python` feature there is no interpreter: these run their
 //! closure as it is, report no signal and log nothing.
@@ -211,21 +211,34 @@ mod with_python {
         Err(crate::error::Error::Interrupted(text))
     }
 
-    /// Logs `message` through `deepspeed.utils.logger.warning` unless another
-    /// extension already did. Returns false when Python or DeepSpeed is not
-    /// there to take it (the caller then prints it itself).
+    /// Warns `message` as a `deepnvme.DeepNVMeWarning` through Python's
+    /// `warnings` (attributed to the calling Python line), so that a user
+    /// can filter it, unless another extension already gave DeepSpeed's
+    /// warning (the marker on `deepspeed.utils`, when DeepSpeed is
+    /// imported). A filter that turns it into an error does not fail the
+    /// write: the exception is dropped. Returns false when there is no
+    /// Python to take it (the caller then prints it itself).
     pub(crate) fn emit_write_warning(message: &str) -> bool {
         Python::try_attach(|py| {
             let attempt = || -> PyResult<()> {
-                let utils = py.import("deepspeed.utils")?;
-                if utils.hasattr(WRITE_WARNING_MARKER)? {
-                    return Ok(());
+                let modules = py.import("sys")?.getattr("modules")?;
+                if let Ok(utils) = modules.get_item("deepspeed.utils") {
+                    if utils.hasattr(WRITE_WARNING_MARKER)? {
+                        return Ok(());
+                    }
+                    utils.setattr(WRITE_WARNING_MARKER, true)?;
                 }
-                utils.setattr(WRITE_WARNING_MARKER, true)?;
-                utils.getattr("logger")?.call_method1("warning", (message,))?;
-                Ok(())
+                let category = py.import("deepnvme")?.getattr("DeepNVMeWarning")?;
+                let category = category.cast_into::<pyo3::types::PyType>()?;
+                PyErr::warn(py, &category, &std::ffi::CString::new(message)?, 1)
             };
-            attempt().is_ok()
+            if let Err(e) = attempt() {
+                // An "error" filter raised it: the write goes on.
+                if !e.is_instance_of::<pyo3::exceptions::PyWarning>(py) {
+                    return false;
+                }
+            }
+            true
         })
         .unwrap_or(false)
     }

@@ -536,6 +536,8 @@ mod tests {
             "DEEPNVME_BOUNCE_TEST_ENGINE",
             // The doctor hands the config path to its own Python probe.
             "DEEPNVME_DOCTOR_CONFIG",
+            // The console script tells the CLI binary which Python it ran in.
+            "DEEPNVME_CLI_PYTHON",
         ];
         for (name, file) in used {
             if private.contains(&name.as_str()) {

@@ -100,6 +100,7 @@ mod handle;
 mod interpreter;
 mod json;
 mod log;
+mod log_queue;
 mod op;
 mod host_copy;
 mod resize_hold;

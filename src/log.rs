@@ -8,6 +8,10 @@
 //! a lock that a fork() could leave held: lines go out with write(2), and
 //! the fork handler holds `info_once`'s across the fork (`fork.rs`).
 //!
+//! Inside Python, informational lines go through `logging` instead
+//! (`log_queue.rs`, the `deepnvme` logger), which prints them the same way
+//! unless the application configured logging or filters them.
+//!
 //! `DEEPNVME_LOG=quiet` silences informational lines (errors still print).
 
 use std::collections::HashSet;
@@ -40,11 +44,16 @@ fn write_line(fd: libc::c_int, prefix: &str, msg: &str) {
     }
 }
 
-/// An informational line.
+/// An informational line: a record of Python's `deepnvme` logger when the
+/// core runs inside Python (`log_queue.rs`), else a line on stderr.
 pub fn info(msg: &str) {
-    if !quiet() {
-        write_line(libc::STDERR_FILENO, "deepnvme: ", msg);
+    if !quiet() && !crate::log_queue::offer(msg, print_info) {
+        print_info(msg);
     }
+}
+
+fn print_info(msg: &str) {
+    write_line(libc::STDERR_FILENO, "deepnvme: ", msg);
 }
 
 /// The keys `info_once` printed. Held across `fork()` by the fork handler

@@ -12,6 +12,7 @@
 //! | [`Role::Psync`] | `deepnvme-psync-N` | `engine/psync.rs`, on a psync engine's first run of several pieces | the engine | the engine runs with the helpers it has (at worst none: the calling thread alone) |
 //! | [`Role::GdsPiece`] | `deepnvme-gds-N` | `gds/piece_pool.rs`, grown to the pieces in flight | the process | the pool stops growing; with no thread at all, pieces run on the calling thread |
 //! | [`Role::Copy`] | `deepnvme-copy-N` | `host_copy/helpers.rs`, one per CPU beyond the first (at most 7), on the first copy of 1 MiB or more | the process | the pool has fewer helpers (at worst none: the calling thread copies alone) |
+//! | (none) | `deepnvme-log` | `log_queue.rs` itself (a leaf below `error` and `log`, so not through [`spawn`]), with the `python` feature, on the first informational line inside Python; a child of `fork()` starts its own | the process | lines go to stderr directly, as without Python |
 //!
 //! These are three kinds of lifetime (a handle's, an engine's, the
 //! process's); they stay separate pools on purpose. Folding them into one

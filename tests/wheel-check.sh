@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# The prebuilt-wheel path, end to end:
-#   1. maturin builds the abi3 wheel of the pyo3 front end (bindings/wheel),
-#      with Rust only (no C++ compiler, no torch, no CUDA), once per run;
-#   2. its _native has no libtorch/libc10 (or any CUDA library) in NEEDED;
-#   3. a fresh virtual environment (cached per torch/deepspeed version, like
+# The wheel a DeepSpeed user gets from `pip install deepnvme`, end to end;
+# every step can fail the run:
+#   1. bindings/wheel/build.sh builds it (the root pyproject.toml: maturin
+#      --zig for manylinux2014, the CLI built by cargo-zigbuild inside),
+#      once per run, with Rust only;
+#   2. `auditwheel show` must report manylinux_2_17_x86_64 (glibc 2.17,
+#      every ELF file in it: _native and the CLI); _native and the CLI are
+#      stripped and _native is under 4 MB; LICENSE, the stubs and py.typed
+#      are in it; _native has no libtorch/libc10 (or CUDA library) in NEEDED;
+#   3. the sdist builds, carries LICENSE and no perf PNG or Python test;
+#   4. a fresh virtual environment (cached per torch/deepspeed version, like
 #      bindings/install.sh's) gets torch, deepspeed, pytest and numpy, then
 #      the wheel file, with CC=false CXX=false so that nothing can compile;
-#   4. a venv with no torch at all (numpy only) gets the same wheel, and
+#      everything after runs with no compiler and no cargo on PATH
+#      (cc/gcc/g++/c++ answer "not available", ~/.cargo/bin is not on it);
+#   5. there: `pip show` lists the metadata; `deepnvme doctor --json` and
+#      `python -m deepnvme info` run (the console script and the module, the
+#      shipped binary) and exit as the cargo-built CLI does; mypy's stubtest
+#      checks the stubs against the installed module;
+#   6. a venv with no torch at all (numpy only) gets the same wheel, and
 #      numpy arrays, bytearray, memoryview and mmap round-trip through it;
-#   5. the Python suite runs there with DEEPNVME_FRONTEND unset: with no
+#   7. the Python suite runs there with DEEPNVME_FRONTEND unset: with no
 #      compiled modules DeepSpeed's builders must choose the pyo3 front end
 #      by themselves.
 # Usage: tests/wheel-check.sh [pytest args...]
-# The build venv is $DEEPNVME_VENV (maturin is pip-installed into it when
-# missing); the test venv is "$DEEPNVME_VENV-wheel-torch<version>".
+# The build venv is $DEEPNVME_VENV (maturin, ziglang, cargo-zigbuild and
+# auditwheel are pip-installed into it when missing); the test venv is
+# "$DEEPNVME_VENV-wheel-torch<version>".
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,18 +41,28 @@ cd "$ROOT"
 say() { printf '\n== %s\n' "$*"; }
 
 [ -x "$VENV/bin/python" ] || { echo "no build venv at $VENV: run bindings/install.sh first" >&2; exit 1; }
-if ! "$VENV/bin/python" -c 'import maturin' 2>/dev/null; then
-    say "installing maturin into $VENV"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check "maturin>=1.5,<2"
+if ! "$VENV/bin/python" -c 'import maturin, ziglang, auditwheel' 2>/dev/null || [ ! -x "$VENV/bin/cargo-zigbuild" ]; then
+    say "installing maturin, ziglang, cargo-zigbuild and auditwheel into $VENV"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check "maturin>=1.5,<2" "ziglang>=0.13" \
+        "cargo-zigbuild>=0.19" "auditwheel>=6"
 fi
 
-say "building the abi3 wheel (maturin, --features python)"
+say "building the wheel (pyproject.toml: maturin --zig, manylinux2014, the CLI inside)"
 rm -f "$OUT"/deepnvme-*.whl
-PYTHON="$VENV/bin/python" MATURIN="$VENV/bin/maturin" bindings/wheel/build.sh "$OUT"
+PYTHON="$VENV/bin/python" bindings/wheel/build.sh "$OUT"
 WHEEL=$(ls "$OUT"/deepnvme-*.whl)
 echo "wheel: $WHEEL"
 
-say "checking the wheel: abi3, the .pth, no torch or CUDA library in NEEDED"
+say "auditwheel show: the wheel must be manylinux_2_17_x86_64 (glibc 2.17)"
+"$VENV/bin/auditwheel" show "$WHEEL" | tee "$OUT/auditwheel.txt"
+tr -s ' \n' ' ' < "$OUT/auditwheel.txt" | grep -q 'consistent with the following platform tag: "manylinux_2_17_x86_64"' \
+    || { echo "FAIL: auditwheel does not report manylinux_2_17_x86_64" >&2; exit 1; }
+case "$(basename "$WHEEL")" in
+    *-cp39-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64.whl) ;;
+    *) echo "FAIL: the wheel's tags are not cp39-abi3 manylinux2014/2_17 x86_64: $WHEEL" >&2; exit 1 ;;
+esac
+
+say "checking the wheel: abi3, the .pth, stripped, LICENSE and stubs, no torch or CUDA library in NEEDED"
 "$VENV/bin/python" - "$WHEEL" <<'PY'
 import io, re, sys, tempfile, zipfile, os
 sys.path.insert(0, "tests/python")
@@ -52,6 +75,21 @@ with zipfile.ZipFile(wheel) as z:
     assert "deepnvme/frontend.py" in names and "deepnvme/_objects.py" in names, names
     sos = [n for n in names if n.endswith(".so")]
     assert len(sos) == 1 and re.match(r"deepnvme/_native\.abi3\.so$", sos[0]), sos
+    for stub in ("__init__.pyi", "frontend.pyi", "_native.pyi", "py.typed"):
+        assert f"deepnvme/{stub}" in names, (stub, names)
+    assert any(re.match(r"deepnvme-[^/]*\.dist-info/licenses/LICENSE$", n) for n in names), names
+    cli = "deepnvme/_bin/deepnvme"
+    assert cli in names, names
+    assert (z.getinfo(cli).external_attr >> 16) & 0o111, "the CLI is not executable in the wheel"
+    # Stripped: no symbol table, no debug sections (pyelftools comes with auditwheel).
+    from elftools.elf.elffile import ELFFile
+    for member in (sos[0], cli):
+        sections = [sec.name for sec in ELFFile(io.BytesIO(z.read(member))).iter_sections()]
+        kept = [n for n in sections if n == ".symtab" or n.startswith(".debug")]
+        assert not kept, f"{member} is not stripped: {kept}"
+    size = z.getinfo(sos[0]).file_size
+    assert size < 4 * 1000 * 1000, f"_native is {size} bytes, over 4 MB"
+    print(f"_native: {size} bytes; CLI: {z.getinfo(cli).file_size} bytes; both stripped")
     with tempfile.TemporaryDirectory() as d:
         path = z.extract(sos[0], d)
         needed = read_dynamic(path).needed
@@ -61,11 +99,35 @@ print("files:", ", ".join(n for n in names if not n.endswith("RECORD")))
 print("NEEDED:", needed)
 PY
 
-if [ ! -x "$WHEEL_VENV/bin/python" ] || ! "$WHEEL_VENV/bin/python" -c 'import torch, deepspeed, pytest, numpy' 2>/dev/null; then
+say "the sdist: LICENSE and what building needs; no perf PNG, no Python test suite"
+rm -f "$OUT"/deepnvme-*.tar.gz
+# Through the PEP 517 backend, as `python -m build --sdist` would call it.
+(cd "$ROOT" && PATH="$VENV/bin:$PATH" "$VENV/bin/python" -c 'import sys; sys.path.insert(0, "bindings/backend")
+import deepnvme_backend; print(deepnvme_backend.build_sdist(sys.argv[1]))' "$OUT")
+"$VENV/bin/python" - "$OUT"/deepnvme-*.tar.gz <<'PY'
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    names = [n.split("/", 1)[1] for n in t.getnames() if "/" in n]
+with tarfile.open(sys.argv[1]) as t:
+    top = t.getnames()[0].split("/")[0]
+    manifest = t.extractfile(f"{top}/Cargo.toml").read().decode()
+# The workspace keeps the CLI (maturin alone would drop it): the wheel built from the sdist builds it.
+assert '"crates/deepnvme-cli"' in manifest, manifest
+for needed in ("LICENSE", "pyproject.toml", "Cargo.toml", "Cargo.lock", "src/lib.rs", "bindings/deepnvme/__init__.py",
+               "bindings/deepnvme/_native.pyi", "bindings/backend/deepnvme_backend.py", "bindings/deepnvme-deepspeed.pth",
+               "crates/deepnvme-cli/Cargo.toml", "crates/deepnvme-cli/src/main.rs"):
+    assert needed in names, (needed, names)
+bad = [n for n in names if n.endswith(".png") or n.startswith("tests/python/") or n.startswith("bindings/deepnvme/_bin/")]
+assert not bad, bad
+print(f"sdist: {len(names)} files, LICENSE in, no PNG or Python test")
+PY
+
+if [ ! -x "$WHEEL_VENV/bin/python" ] || ! "$WHEEL_VENV/bin/python" -c 'import torch, deepspeed, pytest, numpy, mypy' 2>/dev/null; then
     say "creating $WHEEL_VENV (torch $TORCH_VERSION, deepspeed $DEEPSPEED_VERSION; no compiler)"
     "$PYTHON" -m venv "$WHEEL_VENV"
+    CC=false CXX=false "$WHEEL_VENV/bin/python" -m pip install --disable-pip-version-check -U pip
     CC=false CXX=false "$WHEEL_VENV/bin/python" -m pip install --disable-pip-version-check \
-        "torch==$TORCH_VERSION" numpy pytest
+        "torch==$TORCH_VERSION" numpy pytest mypy
     CC=false CXX=false "$WHEEL_VENV/bin/python" -m pip install --disable-pip-version-check \
         "deepspeed==$DEEPSPEED_VERSION"
 fi
@@ -73,6 +135,60 @@ fi
 say "installing the wheel with no compiler (CC=false CXX=false)"
 CC=false CXX=false "$WHEEL_VENV/bin/python" -m pip install --disable-pip-version-check \
     --no-build-isolation --no-deps --force-reinstall "$WHEEL"
+
+# From here on no compiler and no cargo: cc/gcc/g++/c++ fail loudly, and
+# ~/.cargo/bin (rustup's cargo and rustc) is off PATH.
+NOCC="$ROOT/target/wheel-check-nocc"
+mkdir -p "$NOCC"
+for tool in cc gcc g++ c++ clang clang++; do
+    printf '#!/bin/sh\necho "%s: not available in the wheel check (no compiler)" >&2\nexit 127\n' "$tool" > "$NOCC/$tool"
+    chmod +x "$NOCC/$tool"
+done
+BARE_PATH="$NOCC:$WHEEL_VENV/bin:$(printf '%s' "$PATH" | tr ':' '\n' | grep -v -e '\.cargo/bin' -e "$VENV/bin" | paste -sd:)"
+bare() { env -u DEEPNVME_FRONTEND -u VIRTUAL_ENV PATH="$BARE_PATH" CC=false CXX=false "$@"; }
+bare sh -c '! command -v cargo && ! command -v rustc' >/dev/null \
+    || { echo "FAIL: cargo or rustc is still on the wheel check's PATH" >&2; exit 1; }
+
+say "pip show: home page, URLs, classifiers, license"
+bare "$WHEEL_VENV/bin/python" -m pip show -v deepnvme | tee "$OUT/pip-show.txt"
+for field in "Home-page: http" "License-Expression: Apache-2.0" "Classifiers:" "Project-URLs:" "Entry-points:"; do
+    grep -q "^$field" "$OUT/pip-show.txt" || { echo "FAIL: pip show lacks '$field'" >&2; exit 1; }
+done
+
+say "the CLI from the wheel: deepnvme doctor --json, python -m deepnvme info (no compiler, no cargo)"
+CLI_DIR=$(mktemp -d "$ROOT/target/wheel-cli.XXXXXX")
+set +e
+(cd "$CLI_DIR" && bare "$WHEEL_VENV/bin/deepnvme" doctor --json --no-bench) > "$CLI_DIR/doctor.json"
+doctor_rc=$?
+set -e
+bare "$WHEEL_VENV/bin/python" - "$CLI_DIR/doctor.json" "$doctor_rc" "$WHEEL_VENV/bin/python" <<'PY'
+import json, os, sys
+report = json.load(open(sys.argv[1]))
+rc, python = int(sys.argv[2]), sys.argv[3]
+fails = report["counts"].get("fail", 0) if isinstance(report.get("counts"), dict) else None
+print("doctor status:", report.get("status"), "counts:", report.get("counts"), "exit:", rc)
+# The exit status follows the findings as the cargo-built CLI's does: 0 without a FAIL, 1 with one.
+assert rc in (0, 1) and (fails is None or rc == (1 if fails else 0)), (rc, report.get("counts"))
+# The console script's interpreter is the one probed (not python3 on PATH).
+probed = json.dumps(report)
+assert os.path.realpath(python) in probed or python in probed, f"the doctor did not probe {python}"
+PY
+(cd "$CLI_DIR" && bare "$WHEEL_VENV/bin/python" -m deepnvme info)
+(cd "$CLI_DIR" && bare "$WHEEL_VENV/bin/python" -m deepnvme info --json) | bare "$WHEEL_VENV/bin/python" -c \
+    'import json, sys; d = json.load(sys.stdin); assert d["command"] == "info", d'
+set +e
+bare "$WHEEL_VENV/bin/deepnvme" no-such-command 2>/dev/null; usage_rc=$?
+set -e
+[ "$usage_rc" = 2 ] || { echo "FAIL: a usage error exited $usage_rc, not 2 (the CLI's)" >&2; exit 1; }
+rm -rf "$CLI_DIR"
+
+say "stubtest: the stubs against the installed module"
+STUBS=$(mktemp -d "$ROOT/target/stubs.XXXXXX")
+mkdir "$STUBS/deepnvme"
+cp "$("$WHEEL_VENV/bin/python" -c 'import deepnvme, os; print(os.path.dirname(deepnvme.__file__))')"/*.pyi "$STUBS/deepnvme/"
+(cd "$STUBS" && bare MYPYPATH="$STUBS" "$WHEEL_VENV/bin/python" -m mypy.stubtest \
+    --allowlist "$ROOT/tests/stubtest-allowlist.txt" deepnvme)
+rm -rf "$STUBS"
 
 say "DeepSpeed's loader picks the pyo3 front end by itself"
 env -u DEEPNVME_FRONTEND "$WHEEL_VENV/bin/python" - <<'PY'
@@ -129,6 +245,6 @@ PY
 rm -rf "$NOTORCH_DIR"
 
 say "pytest tests/python on the wheel (pyo3 front end)"
-env -u DEEPNVME_FRONTEND PATH="$WHEEL_VENV/bin:$PATH" "$WHEEL_VENV/bin/python" -m pytest tests/python -q \
+bare "$WHEEL_VENV/bin/python" -m pytest tests/python -q \
     -p no:cacheprovider --basetemp="$ROOT/target/pytest-tmp-wheel" "$@"
 say "wheel check passed"

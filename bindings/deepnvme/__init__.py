@@ -41,19 +41,47 @@ This module imports nothing heavy at import time: a .pth file imports it at
 interpreter start to hook DeepSpeed's op builders (see _deepspeed_hook).
 """
 
+import atexit
 import importlib
 import importlib.util
 import os
+import sys
 
 # DeepSpeed's op API, served at the top level by the pyo3 front end.
 FRONTEND_API = ("aio_handle", "pin_handle", "gds_handle", "aio_read", "aio_write", "deepspeed_memcpy")
 
 __all__ = [
-    "OPS", "FRONTEND_ENV", "choose_frontend", "load_op", "op_unavailable_reason", "native", "stats",
+    "DeepNVMeWarning", "OPS", "FRONTEND_ENV", "choose_frontend", "load_op", "op_unavailable_reason", "native", "stats",
     "provided_ops", "include_dir", "library_dir", "libraries", *FRONTEND_API,
 ]
 
 OPS = ("async_io", "pin_memory", "gds")
+
+
+def _flush_core_log():
+    """At exit, logs the core's informational lines not yet handed to the
+    ``deepnvme`` logger (its thread delivers them a moment after they are
+    made; see _log.py). Registered when the package is imported, so it runs
+    after the application's own exit callbacks. Only where the core was
+    loaded (the pyo3 module, or the compiled ops, which link the same one)."""
+    loaded = ("deepnvme._native", "deepnvme.async_io", "deepnvme.pin_memory", "deepnvme.gds")
+    if not any(name in sys.modules for name in loaded):
+        return
+    try:
+        importlib.import_module("deepnvme._native")._flush_log()
+    except Exception:  # pragma: no cover - exiting: nothing left to report to
+        pass
+
+
+atexit.register(_flush_core_log)
+
+
+class DeepNVMeWarning(UserWarning):
+    """What deepnvme warns about through Python's ``warnings`` (the one-time
+    note that heavy NVMe offload wears out consumer SSDs), from either front
+    end. Silence it with
+    ``warnings.filterwarnings("ignore", category=deepnvme.DeepNVMeWarning)``.
+    Informational lines go to ``logging.getLogger("deepnvme")`` instead."""
 
 
 def __getattr__(name):

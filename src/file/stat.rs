@@ -72,7 +72,7 @@ pub(crate) fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>, Opti
     unsafe {
         let mut stx: libc::statx = std::mem::zeroed();
         let empty = b"\0";
-        let rc = libc::statx(
+        let rc = statx(
             fd,
             empty.as_ptr() as *const libc::c_char,
             libc::AT_EMPTY_PATH,
@@ -117,6 +117,23 @@ pub(crate) fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>, Opti
         };
         (Some(alignment), size, identity)
     }
+}
+
+/// statx(2) as a raw system call: glibc's wrapper is from 2.28, and the
+/// wheel links against glibc 2.17's symbols only (manylinux2014). Returns 0
+/// or -1 with errno set, as the wrapper does (ENOSYS before Linux 4.11).
+///
+/// # Safety
+/// `path` is NUL-terminated and `buf` is valid for writing a `libc::statx`.
+pub(crate) unsafe fn statx(
+    dirfd: libc::c_int,
+    path: *const libc::c_char,
+    flags: libc::c_int,
+    mask: libc::c_uint,
+    buf: *mut libc::statx,
+) -> libc::c_int {
+    // SAFETY: the caller's contract; the kernel writes at most one statx.
+    unsafe { libc::syscall(libc::SYS_statx, dirfd, path, flags, mask, buf) as libc::c_int }
 }
 
 pub(super) fn is_file_or_block_device(fd: RawFd) -> bool {

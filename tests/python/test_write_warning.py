@@ -1,9 +1,11 @@
 """DeepSpeed's one-time consumer-SSD write warning, each scenario in a fresh
 interpreter (the warning is once per process).
 
-DeepSpeed's logger ("DeepSpeed", propagate=False) prints to sys.stdout; the
-child also attaches a recording handler so the test knows the record went
-through deepspeed.utils.logger at WARNING level.
+It is a Python warning of category ``deepnvme.DeepNVMeWarning`` (so that
+``warnings`` filters can silence it), attributed to the calling line, and
+it sets DeepSpeed's cross-extension marker on ``deepspeed.utils``. The
+child records every warning (``simplefilter("always")``, so a second
+emission would show) and still prints them as Python does.
 """
 
 import json
@@ -15,15 +17,18 @@ from _util import start_python
 PHRASE = "heavy write traffic"
 
 PRELUDE = r"""
-import json, logging, os, random, sys
+import json, os, random, sys, warnings
 import torch
 import deepspeed.utils
+import deepnvme
 from deepspeed.ops.op_builder import AsyncIOBuilder
 records = []
-class Rec(logging.Handler):
-    def emit(self, record):
-        records.append((record.levelname, record.getMessage()))
-deepspeed.utils.logger.addHandler(Rec())
+warnings.simplefilter("always", deepnvme.DeepNVMeWarning)
+show = warnings.showwarning
+def record(message, category, filename, lineno, file=None, line=None):
+    records.append((category.__name__, str(message), filename))
+    show(message, category, filename, lineno, file, line)
+warnings.showwarning = record
 aio = AsyncIOBuilder().load()
 h = aio.aio_handle(4096, 4, False, False, 1)
 D = sys.argv[1] if len(sys.argv) > 1 else os.environ["WW_DIR"]
@@ -34,7 +39,7 @@ def t(b):
 def marker():
     return getattr(deepspeed.utils, "_deepspeed_nvme_write_warning_emitted", None)
 def warn_count():
-    return sum(1 for lvl, msg in records if "%s" in msg)
+    return sum(1 for cat, msg, _ in records if "%s" in msg)
 results = {}
 """ % PHRASE
 
@@ -89,11 +94,9 @@ results["after_all"] = warn_count()
 results["marker_after"] = marker()
 results["files_ok"] = all(open(os.path.join(D, f"{i}.bin"), "rb").read() == data(i) for i in (1, 2))
 """,
-    # A logger that raises must not break or change the I/O.
-    "logger_raises": r"""
-def boom(*a, **k):
-    raise RuntimeError("logger is broken")
-deepspeed.utils.logger.warning = boom
+    # A filter that turns the warning into an error must not break or change the I/O.
+    "warning_is_error": r"""
+warnings.simplefilter("error", deepnvme.DeepNVMeWarning)
 results["rc1"] = h.sync_pwrite(t(data(1)), os.path.join(D, "1.bin"))
 results["rc2"] = h.pwrite(t(data(2)), os.path.join(D, "2.bin"), False, False)
 results["files_ok"] = all(open(os.path.join(D, f"{i}.bin"), "rb").read() == data(i) for i in (1, 2))
@@ -131,7 +134,7 @@ def _get(scenario_results, name):
     return stdout, stderr, result
 
 
-def test_first_write_logs_once_through_deepspeed_logger(scenario_results):
+def test_first_write_warns_once_as_a_deepnvme_warning(scenario_results):
     stdout, stderr, r = _get(scenario_results, "first_write_logs_once")
     assert r["marker_before"] is None
     assert r["read_rc"] == 1 and r["read_ok"]
@@ -142,10 +145,12 @@ def test_first_write_logs_once_through_deepspeed_logger(scenario_results):
     assert r["after_all"] == 1, "the warning was logged more than once"
     assert r["rcs"] == [1, 1, 0, 0, 1, 0, 1]
     assert r["files_ok"]
-    assert [lvl for lvl, msg in r["records"] if PHRASE in msg] == ["WARNING"]
-    # DeepSpeed's logger prints it (on stdout), exactly once in all the output
+    # A DeepNVMeWarning, attributed to the calling line (the child's -c code)
+    assert [(cat, filename) for cat, msg, filename in r["records"] if PHRASE in msg] == [
+        ("DeepNVMeWarning", "<string>")]
+    # Python prints it on stderr, exactly once in all the output
     assert (stdout + stderr).count(PHRASE) == 1, stdout + stderr
-    assert PHRASE in stdout and "[WARNING]" in stdout
+    assert "DeepNVMeWarning: " in stderr and PHRASE in stderr, stderr
 
 
 def test_preset_marker_suppresses_the_warning(scenario_results):
@@ -167,7 +172,9 @@ def test_async_fd_write_first_logs_once(scenario_results):
     assert (stdout + stderr).count(PHRASE) == 1
 
 
-def test_failing_logger_does_not_change_io(scenario_results):
-    stdout, stderr, r = _get(scenario_results, "logger_raises")
+def test_warning_as_error_does_not_change_io(scenario_results):
+    stdout, stderr, r = _get(scenario_results, "warning_is_error")
     assert (r["rc1"], r["rc2"]) == (1, 1)
     assert r["files_ok"]
+    # the error was dropped: nothing printed, nothing raised
+    assert r["after_all"] == 0 and PHRASE not in stdout + stderr

@@ -110,9 +110,18 @@ fn dir_engine(dir: &Path) -> Option<(String, Option<&'static str>)> {
 /// assumes a conservative 4096).
 fn statx_reports_dio(fd: i32) -> bool {
     // SAFETY: statx fills a zeroed struct; AT_EMPTY_PATH refers to `fd`.
+    // A raw system call: glibc's statx wrapper (2.28) would raise the
+    // wheel's glibc floor above manylinux2014's 2.17.
     unsafe {
         let mut stx: libc::statx = std::mem::zeroed();
-        let rc = libc::statx(fd, c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx);
+        let rc = libc::syscall(
+            libc::SYS_statx,
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx as *mut libc::statx,
+        );
         rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0
     }
 }

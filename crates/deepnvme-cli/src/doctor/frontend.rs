@@ -48,8 +48,17 @@ impl PythonInfo {
     }
 }
 
-/// The interpreter to ask.
+/// The console script's interpreter (`deepnvme/__main__.py` sets it when the
+/// CLI runs from the wheel), so that `venv/bin/deepnvme doctor` checks that
+/// venv even when it is not activated.
+const SHIM_PYTHON_ENV: &str = "DEEPNVME_CLI_PYTHON";
+
+/// The interpreter to ask: the one the console script ran in, else the
+/// active virtual environment's, else `python3`.
 pub fn default_python() -> PathBuf {
+    if let Some(python) = std::env::var_os(SHIM_PYTHON_ENV).filter(|p| Path::new(p).exists()) {
+        return PathBuf::from(python);
+    }
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
         let p = Path::new(&venv).join("bin/python");
         if p.exists() {
@@ -128,13 +137,19 @@ pub fn probe(python: &Path, config: Option<&Path>) -> Result<PythonInfo, String>
 }
 
 /// The command that rebuilds the compiled modules for the torch installed
-/// in `python`: pip builds the package from this checkout when the tool
-/// was built from one that is still there.
+/// in `python`: pip builds the package from the checkout this binary runs
+/// from (`cargo run`: `<checkout>/target/...`), found at run time so that the
+/// binary holds no build path (the wheel's CLI is the same bytes wherever
+/// it was built).
 fn rebuild(python: &str) -> String {
-    let bindings = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bindings");
-    let source = std::fs::canonicalize(&bindings)
+    let source = std::env::current_exe()
         .ok()
-        .filter(|p| p.join("setup.py").exists())
+        .and_then(|exe| {
+            exe.ancestors()
+                .map(|dir| dir.join("bindings"))
+                .find(|b| b.join("setup.py").exists() && b.join("../Cargo.toml").exists())
+        })
+        .and_then(|b| std::fs::canonicalize(b).ok())
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "<deepnvme checkout>/bindings".into());
     format!(

@@ -171,7 +171,7 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "N", default_value = "1", value_parser = crate::args::parse_count)]
     nodes: usize,
 
-    /// The Python that runs DeepSpeed [default: $VIRTUAL_ENV/bin/python, else python3]
+    /// The Python that runs DeepSpeed [default: the Python the `deepnvme` console script runs in, else $VIRTUAL_ENV/bin/python, else python3]
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
 
