@@ -172,9 +172,11 @@ pub fn check_unit(unit: u64) -> Result<(), String> {
 /// A fresh random set id (16 hex digits).
 pub fn new_id() -> io::Result<String> {
     let mut bytes = [0u8; 8];
+    // The raw system call: glibc's getrandom() wrapper is 2.25+, and the
+    // wheel's floor is glibc 2.17 (as for statx, file/stat.rs).
     // SAFETY: getrandom writes at most `bytes.len()` bytes into the array.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr() as *mut libc::c_void, bytes.len(), 0) };
-    if n != bytes.len() as isize {
+    let n = unsafe { libc::syscall(libc::SYS_getrandom, bytes.as_mut_ptr() as *mut libc::c_void, bytes.len(), 0) };
+    if n != bytes.len() as libc::c_long {
         return Err(io::Error::last_os_error());
     }
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
