@@ -2,8 +2,9 @@
 # benches/run.sh: the whole benchmark in one command. It sets up what it
 # needs, then runs benches/run.py, which compares fio (io_uring; psync at
 # queue depth 1 for small ops), DeepSpeed's stock async_io op (JIT-built with
-# libaio from the installed deepspeed), deepnvme through DeepSpeed's loader
-# and the `deepnvme` CLI on one file, in alternating A/B order, plus the
+# libaio from the installed deepspeed), deepnvme through DeepSpeed's loader,
+# the `deepnvme` CLI and the bare baseline (benches/bare, the limit of each
+# cell) on one file, in alternating order, plus the
 # pinned-manager is_managed microbenchmark, and writes docs/perf/README.md,
 # docs/perf/results.json and the charts docs/perf/*.png.
 #
@@ -17,7 +18,7 @@
 #   * apt-get install -y fio libaio-dev   (as root, only when missing)
 #   * bindings/install.sh into $DEEPNVME_VENV (torch, deepspeed, deepnvme)
 #   * pip install matplotlib into that venv
-#   * cargo build --release (the CLI and examples/is_managed_bench)
+#   * cargo build --release (the CLI, benches/bare and examples/is_managed_bench)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -100,14 +101,15 @@ if [[ $SKIP_SETUP == 0 ]]; then
         "$DEEPNVME_VENV/bin/python" -m pip install --disable-pip-version-check matplotlib
     fi
 
-    say "cargo build --release (deepnvme CLI, is_managed_bench)"
-    (cd "$ROOT" && cargo build --release --quiet --bin deepnvme --example is_managed_bench)
+    say "cargo build --release (deepnvme CLI, benches/bare, is_managed_bench)"
+    (cd "$ROOT" && cargo build --release --quiet --bin deepnvme --bin bare --example is_managed_bench)
 fi
 
 run_py() {
     "$DEEPNVME_VENV/bin/python" "$ROOT/benches/run.py" "${ARGS[@]}" --command "$COMMAND" \
         --python "$DEEPNVME_VENV/bin/python" \
         --cli "$ROOT/target/release/deepnvme" \
+        --bare-bin "$ROOT/target/release/bare" \
         --is-managed-bin "$ROOT/target/release/examples/is_managed_bench" "$@"
 }
 
