@@ -86,6 +86,14 @@ struct Args {
     /// such pages without compressing them).
     #[arg(long, value_parser = parse_byte, default_value = "0x5a")]
     fill: u8,
+    /// Timed passes over the file (each pass: --size bytes in ops of
+    /// --op-bytes at increasing offsets).
+    #[arg(long, default_value_t = 1)]
+    passes: usize,
+    /// No untimed op before the timed loop (a fresh process's first op is
+    /// then timed too, as a harness that times every op sees it).
+    #[arg(long)]
+    no_warmup: bool,
     /// After the run, check that every byte of the buffer is this one (a
     /// read of a file laid out with it); exit 1 when not.
     #[arg(long, value_parser = parse_byte)]
@@ -166,16 +174,31 @@ fn run_engine(a: &Args, engine: Engine, fd: RawFd, buf: &Buffer, op_bytes: usize
             Engine::Psync => Box::new(psync::Psync::new(fd, base, slices[i], bs, dir)),
         })
     })?;
-    workers.op(0)?;
+    if !a.no_warmup {
+        workers.op(0)?;
+    }
+    let mut op_seconds = Vec::new();
     let (c0, t0) = (cpu_seconds(), Instant::now());
-    for off in (0..a.size).step_by(op_bytes) {
-        workers.op(off as u64).map_err(|e| io::Error::new(e.kind(), format!("op at offset {off}: {e}")))?;
+    for _ in 0..a.passes {
+        for off in (0..a.size).step_by(op_bytes) {
+            let t = Instant::now();
+            workers.op(off as u64).map_err(|e| io::Error::new(e.kind(), format!("op at offset {off}: {e}")))?;
+            op_seconds.push(t.elapsed().as_secs_f64());
+        }
     }
     let secs = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - c0;
     drop(workers);
-    let gb = a.size as f64 / 1e9;
-    let mut out = json!({"gb_per_s": gb / secs, "cpu_s_per_gb": cpu / gb, "seconds": secs});
+    let gb = (a.size * a.passes) as f64 / 1e9;
+    let mut sorted = op_seconds.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = if sorted.len() % 2 == 1 {
+        sorted[sorted.len() / 2]
+    } else {
+        (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
+    };
+    let mut out = json!({"gb_per_s": gb / secs, "cpu_s_per_gb": cpu / gb, "seconds": secs,
+                         "op_seconds": op_seconds, "gb_per_s_median_op": op_bytes as f64 / 1e9 / median});
     if let Some(f) = *ring_flags.lock().unwrap() {
         out["ring"] = json!(f);
     }
@@ -187,8 +210,8 @@ fn run(a: &Args) -> Result<Value, String> {
     if a.size % op_bytes != 0 {
         return Err(format!("--size {} is not a multiple of --op-bytes {op_bytes}", a.size));
     }
-    if op_bytes % 4096 != 0 || a.block_size % 4096 != 0 || a.parallelism == 0 || a.queue_depth == 0 {
-        return Err("--op-bytes and --block-size must be multiples of 4096; --parallelism and --queue-depth at least 1".into());
+    if op_bytes % 4096 != 0 || a.block_size % 4096 != 0 || a.parallelism == 0 || a.queue_depth == 0 || a.passes == 0 {
+        return Err("--op-bytes and --block-size must be multiples of 4096; --parallelism, --queue-depth and --passes at least 1".into());
     }
     let buf = Buffer::new(op_bytes, a.fill).map_err(|e| format!("a buffer of {op_bytes} bytes: {e}"))?;
     let file = open(&a.file, a.op).map_err(|e| format!("{}: {e}", a.file.display()))?;
