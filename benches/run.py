@@ -359,6 +359,9 @@ def main():
     ap.add_argument("--fast-device", action="store_true",
                     help="the fast-device tier: --dir is ext4 on zram (run.sh sets it up); writes OUT/fast_device.*")
     ap.add_argument("--tmpfs-dir", default=None, help="--fast-device: a tmpfs for the tmpfs rows")
+    ap.add_argument("--cells", default=None,
+                    help="only these cells, by label, comma-separated (e.g. 'W 1M q32 p1 L,R 1M q32 p2 L'): a rerun of a few")
+    ap.add_argument("--no-small-ops", action="store_true", help="leave out the small-op round trips")
     a = ap.parse_args()
     fast = a.fast_device
     if a.report_only:
@@ -393,6 +396,12 @@ def main():
     log(f"run: load average {load_before[0]:.2f} at start")
 
     cells, trimmed = build_grid(quick)
+    if a.cells:
+        wanted = {x.strip() for x in a.cells.split(",")}
+        cells = [c for c in cells if cell_label(c) in wanted]
+        trimmed += f" This run: only {', '.join(sorted(wanted))} (--cells)."
+        if not cells:
+            raise SystemExit(f"run: --cells {a.cells} matches no cell of the grid")
     settle = Settle(a.pause, [dir_, a.tmpfs_dir] if fast else None)
     path = os.path.join(dir_, "perf-grid.dat")
 
@@ -431,6 +440,8 @@ def main():
 
     results = {"cells": [], "small": [], "is_managed": None}
     tmpfs = tmpfs_cells(quick) if tmpfs_dir else []
+    if a.cells:
+        tmpfs = [c for c in tmpfs if cell_label(c) in wanted]
     total = (sum(len(cell_impls(c, fast)) for c in cells) + sum(len(cell_impls(c, fast, True)) for c in tmpfs)) * rounds
     done = 0
 
@@ -462,7 +473,7 @@ def main():
         run_cells(tmpfs, tmpfs_path, True, results["tmpfs"])
         os.unlink(tmpfs_path)
 
-    small_sizes = [4096] if quick else [4096, 65536]
+    small_sizes = [] if a.no_small_ops else [4096] if quick else [4096, 65536]
     for ob in small_sizes:
         impls = ["fio-psync", "stock", "deepnvme"]
         ops = {i: [] for i in impls}
