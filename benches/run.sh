@@ -36,12 +36,13 @@ Usage: benches/run.sh [OPTIONS]
   --rounds N       rounds per cell [4; --quick 2]; keep it even so each
                    implementation goes first as often as second
   --size SIZE      bytes per throughput run = the test file's size
-                   [256M; --quick 64M]
+                   [256M; fast tier 1G; --quick 64M]
   --dir DIR        where the test file goes [target/perf]
   --out DIR        where the report goes [docs/perf]
   --pause S        seconds of pause before every run [0.3]
   --small-seconds S  seconds per small-op run [3; --quick 1]
-  --op-bytes SIZE  bytes per op and buffer [min(size, 128M)]
+  --op-bytes SIZE  bytes per op and buffer [min(size, 128M); fast tier:
+                   size, one 1 GiB tensor per op (docs/perf/harnesses.md)]
   --skip-setup     do not run apt-get, bindings/install.sh, pip or cargo
   --fast-device    run only the fast-device tier (zram + ext4, and tmpfs;
                    root needed), failing when it cannot be set up
