@@ -19,6 +19,9 @@
                  inside the first --size bytes of the file for --seconds:
                  round trips per second (each call opens the file, as
                  DeepSpeed's sync_pread does).
+--passes N       the timed loop runs N passes over --size (per-op times and
+                 the median op's GB/s come back too); --warmup 0 leaves out
+                 the untimed first op.
 --buffer locked  h.new_cpu_locked_tensor(...) (I/O goes straight to it);
 --buffer plain   torch.empty(...) (not page-locked: the bounce path).
 
@@ -34,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 
@@ -106,16 +110,24 @@ class Impl:
                 # One untimed op first: a training job's handle and buffers are
                 # warm (rings made, fixed buffers registered, bounce pool
                 # filled); the timed loop measures that steady state.
-                if call(buf, path, 0) < 0:
+                # warmup 0 times a fresh handle's first op too.
+                if int(c.get("warmup", 1)) and call(buf, path, 0) < 0:
                     raise SystemExit(f"ds_worker: the untimed first {op} returned an error")
+                passes = int(c.get("passes", 1))
+                op_seconds = []
                 c0, t0 = cpu_seconds(), time.perf_counter()
-                for off in range(0, size, op_bytes):
-                    r = call(buf, path, off)
-                    if r < 0:
-                        raise SystemExit(f"ds_worker: {op} at offset {off} returned {r}")
+                for _ in range(passes):
+                    for off in range(0, size, op_bytes):
+                        t = time.perf_counter()
+                        r = call(buf, path, off)
+                        op_seconds.append(time.perf_counter() - t)
+                        if r < 0:
+                            raise SystemExit(f"ds_worker: {op} at offset {off} returned {r}")
                 secs = time.perf_counter() - t0
                 cpu = cpu_seconds() - c0
-                out.update(seconds=secs, gb_per_s=size / secs / 1e9, cpu_s_per_gb=cpu / (size / 1e9))
+                moved = size * passes
+                out.update(seconds=secs, gb_per_s=moved / secs / 1e9, cpu_s_per_gb=cpu / (moved / 1e9),
+                           op_seconds=op_seconds, gb_per_s_median_op=op_bytes / statistics.median(op_seconds) / 1e9)
             elif op == "small":
                 seconds = float(c.get("seconds", 3))
                 slots = size // op_bytes
@@ -162,6 +174,8 @@ def main():
     p.add_argument("--buffer", choices=("locked", "plain"), default="locked")
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--passes", type=int, default=1, help="timed passes over --size [1]")
+    p.add_argument("--warmup", type=int, default=1, help="1: one untimed op first [1]; 0: every op timed")
     a = p.parse_args()
 
     # The hook is installed by a .pth file at interpreter start-up, so the

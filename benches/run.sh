@@ -2,8 +2,9 @@
 # benches/run.sh: the whole benchmark in one command. It sets up what it
 # needs, then runs benches/run.py, which compares fio (io_uring; psync at
 # queue depth 1 for small ops), DeepSpeed's stock async_io op (JIT-built with
-# libaio from the installed deepspeed), deepnvme through DeepSpeed's loader
-# and the `deepnvme` CLI on one file, in alternating A/B order, plus the
+# libaio from the installed deepspeed), deepnvme through DeepSpeed's loader,
+# the `deepnvme` CLI and the bare baseline (benches/bare, the limit of each
+# cell) on one file, in alternating order, plus the
 # pinned-manager is_managed microbenchmark, and writes docs/perf/README.md,
 # docs/perf/results.json and the charts docs/perf/*.png.
 #
@@ -17,7 +18,7 @@
 #   * apt-get install -y fio libaio-dev   (as root, only when missing)
 #   * bindings/install.sh into $DEEPNVME_VENV (torch, deepspeed, deepnvme)
 #   * pip install matplotlib into that venv
-#   * cargo build --release (the CLI and examples/is_managed_bench)
+#   * cargo build --release (the CLI, benches/bare and examples/is_managed_bench)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,12 +36,13 @@ Usage: benches/run.sh [OPTIONS]
   --rounds N       rounds per cell [4; --quick 2]; keep it even so each
                    implementation goes first as often as second
   --size SIZE      bytes per throughput run = the test file's size
-                   [256M; --quick 64M]
+                   [256M; fast tier 1G; --quick 64M]
   --dir DIR        where the test file goes [target/perf]
   --out DIR        where the report goes [docs/perf]
   --pause S        seconds of pause before every run [0.3]
   --small-seconds S  seconds per small-op run [3; --quick 1]
-  --op-bytes SIZE  bytes per op and buffer [min(size, 128M)]
+  --op-bytes SIZE  bytes per op and buffer [min(size, 128M); fast tier:
+                   size, one 1 GiB tensor per op (docs/perf/harnesses.md)]
   --skip-setup     do not run apt-get, bindings/install.sh, pip or cargo
   --fast-device    run only the fast-device tier (zram + ext4, and tmpfs;
                    root needed), failing when it cannot be set up
@@ -100,14 +102,16 @@ if [[ $SKIP_SETUP == 0 ]]; then
         "$DEEPNVME_VENV/bin/python" -m pip install --disable-pip-version-check matplotlib
     fi
 
-    say "cargo build --release (deepnvme CLI, is_managed_bench)"
+    say "cargo build --release (deepnvme CLI, benches/bare, is_managed_bench)"
     (cd "$ROOT" && cargo build --release --quiet --bin deepnvme --example is_managed_bench)
+    (cd "$ROOT" && cargo build --release --quiet --manifest-path benches/bare/Cargo.toml --target-dir target)
 fi
 
 run_py() {
     "$DEEPNVME_VENV/bin/python" "$ROOT/benches/run.py" "${ARGS[@]}" --command "$COMMAND" \
         --python "$DEEPNVME_VENV/bin/python" \
         --cli "$ROOT/target/release/deepnvme" \
+        --bare-bin "$ROOT/target/release/bare" \
         --is-managed-bin "$ROOT/target/release/examples/is_managed_bench" "$@"
 }
 

@@ -18,6 +18,8 @@ say "cargo test (Rust core and the deepnvme CLI)"
 cargo test --all-targets
 # --all-targets leaves out the API docs' examples (and their compile_fail cases).
 cargo test --doc
+# The benchmarks' bare baseline, a package of its own (benches/bare).
+cargo test --manifest-path benches/bare/Cargo.toml --target-dir target
 
 # The workspace lints (Cargo.toml: every unsafe block says why it is sound)
 # and clippy's defaults, over every feature (the cxx bridge, the pyo3 module).
