@@ -56,6 +56,15 @@ mod with_python {
     /// Set by the `atexit` callback: Python's logging is going away, lines
     /// go to their fallback from then on.
     static CLOSED: AtomicBool = AtomicBool::new(false);
+    /// The logging thread is attaching to Python or delivering. Set before
+    /// it reads `CLOSED`; the exit callback sets `CLOSED` before it reads
+    /// this (both SeqCst): so either the thread sees `CLOSED` and stays out,
+    /// or the callback sees it busy and lets it finish. A thread still
+    /// waiting for the GIL when finalization starts would be ended inside
+    /// CPython (pthread_exit through Rust frames).
+    static BUSY: AtomicBool = AtomicBool::new(false);
+    /// How long the exit callback waits for a delivery in progress.
+    const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
     fn python_running() -> bool {
         // SAFETY: callable at any time, from any thread, GIL or not.
@@ -135,15 +144,19 @@ mod with_python {
 
     fn run() {
         loop {
-            if !PENDING.load(Ordering::Acquire).is_null() && !CLOSED.load(Ordering::Acquire) {
-                // The lines are taken with the GIL held, so that the exit
-                // flush (which holds it too) gets whatever this did not.
-                let delivered = Python::try_attach(|py| deliver(py, take_all()));
-                if delivered.is_none() {
-                    for (line, fallback) in take_all() {
-                        fallback(&line);
+            if !PENDING.load(Ordering::Acquire).is_null() {
+                BUSY.store(true, Ordering::SeqCst);
+                if !CLOSED.load(Ordering::SeqCst) {
+                    // The lines are taken with the GIL held, so that the exit
+                    // flush (which holds it too) gets whatever this did not.
+                    let delivered = Python::try_attach(|py| deliver(py, take_all()));
+                    if delivered.is_none() {
+                        for (line, fallback) in take_all() {
+                            fallback(&line);
+                        }
                     }
                 }
+                BUSY.store(false, Ordering::SeqCst);
             }
             std::thread::park();
         }
@@ -171,7 +184,17 @@ mod with_python {
     #[pyfunction]
     #[pyo3(name = "_flush_log")]
     pub(crate) fn flush_log(py: Python<'_>) {
-        CLOSED.store(true, Ordering::Release);
+        CLOSED.store(true, Ordering::SeqCst);
+        if BUSY.load(Ordering::SeqCst) {
+            // Let the logging thread take the GIL and finish before the
+            // interpreter goes away.
+            py.detach(|| {
+                let deadline = std::time::Instant::now() + EXIT_WAIT;
+                while BUSY.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            });
+        }
         deliver(py, take_all());
     }
 }

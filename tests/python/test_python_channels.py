@@ -31,6 +31,13 @@ data = torch.arange(3 * 4096, dtype=torch.uint8)
 rc = h.sync_pwrite(data, os.path.join(os.environ["CH_DIR"], "w.bin"))
 back = torch.zeros_like(data)
 rc2 = h.sync_pread(back, os.path.join(os.environ["CH_DIR"], "w.bin"))
+# The logger gets the lines from the core's logging thread, a moment after
+# they are made (the exit flush sends what is left): wait for the one the
+# handler scenario expects.
+import time
+deadline = time.monotonic() + 60
+while WAIT_FOR_RECORD and not records and time.monotonic() < deadline:
+    time.sleep(0.01)
 print("RESULT " + json.dumps({"rc": [rc, rc2], "same": bool(torch.equal(back, data)),
                               "frontend": deepnvme.choose_frontend()[0], "records": records}), flush=True)
 """
@@ -59,7 +66,9 @@ def frontends():
 
 
 def run(frontend, setup, tmp_path, **env):
-    proc = start_python(CHILD.replace("SETUP", SETUPS[setup]),
+    wait = setup == "info_handled" and env.get("DEEPNVME_LOG") != "quiet"
+    code = CHILD.replace("SETUP", SETUPS[setup]).replace("WAIT_FOR_RECORD", str(wait))
+    proc = start_python(code,
                         env={"DEEPNVME_FRONTEND": frontend, "DEEPNVME_ENGINE": "psync", "CH_DIR": str(tmp_path),
                              **env})
     stdout, stderr = proc.communicate(timeout=180)
