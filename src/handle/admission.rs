@@ -16,6 +16,8 @@ pub(super) struct AdmissionLock {
     lock: Mutex<()>,
     holder: AtomicU64,
     next_seq: AtomicU64,
+    /// Driven ops in the queue: admission looks for one to settle only then.
+    driven: AtomicU64,
 }
 
 /// A held admission turn.
@@ -48,6 +50,20 @@ impl AdmissionLock {
     /// The next op's sequence number (taken under a turn).
     pub(super) fn next_seq(&self) -> u64 {
         self.next_seq.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// A driven op joined the queue (+1) or left it (-1).
+    pub(super) fn count_driven(&self, joined: bool) {
+        if joined {
+            self.driven.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.driven.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether any driven op is in the queue.
+    pub(super) fn any_driven(&self) -> bool {
+        self.driven.load(Ordering::Acquire) > 0
     }
 
     /// The sequence number the last admitted op got (0: none yet).

@@ -82,7 +82,7 @@ impl IoHandle {
         };
         // A driven op on the same file bytes is settled now: the workers
         // never wait on a thread's run (its chunks could queue behind them).
-        if let Some(mine) = meta.footprint {
+        if let (Some(mine), true) = (meta.footprint, self.admission.any_driven()) {
             for op in self.pending_matching(|fp| fp.file_conflicts(&mine)) {
                 if op.driver.is_some() {
                     op.settle_driven()?;
@@ -115,6 +115,9 @@ impl IoHandle {
         #[cfg(any(test, feature = "test-support", feature = "python"))]
         LAST_ADMITTED.with(|last| last.set(entry.seq));
         let entry = Arc::new(entry);
+        if entry.driver.is_some() {
+            self.admission.count_driven(true);
+        }
         pending.push_back(entry.clone());
         if let Some(slices) = slices {
             // Under the queue's lock, so every worker sees ops in admission order.
@@ -129,6 +132,9 @@ impl IoHandle {
             let mut pending = self.pending.lock();
             if let Some(i) = pending.iter().position(|p| Arc::ptr_eq(p, op)) {
                 pending.remove(i);
+                if op.driver.is_some() {
+                    self.admission.count_driven(false);
+                }
             }
         }
         op.mark_finished();
