@@ -23,7 +23,7 @@ pub enum Location {
     /// Host (CPU) memory.
     Host,
     /// Memory of CUDA device `ordinal`: moved by GPUDirect Storage on a
-    /// GDS handle, else bounced through host memory by the [`Staging`] copier.
+    /// GDS handle, else bounced through host memory by the `Staging` copier.
     Cuda(i32),
     /// Memory of another device: always bounced through host memory.
     OtherDevice,
@@ -57,7 +57,7 @@ impl BufferDesc {
     /// from I/O threads and the kernel, a write op reads it from them. For a
     /// description moved to [`Location::Cuda`] or [`Location::OtherDevice`],
     /// or marked non-contiguous, the pointer is only used by the op's
-    /// [`Staging`] copier and by cuFile.
+    /// `Staging` copier and by cuFile.
     pub unsafe fn from_raw_parts(ptr: *mut u8, len: usize) -> BufferDesc {
         BufferDesc { ptr, len, location: Location::Host, contiguous: true, declared_pinned: false }
     }
@@ -77,7 +77,7 @@ impl BufferDesc {
     }
 
     /// Says whether the bytes are one dense range (true by default). A
-    /// strided buffer always bounces through its [`Staging`] copier.
+    /// strided buffer always bounces through its `Staging` copier.
     pub fn contiguous(mut self, contiguous: bool) -> BufferDesc {
         self.contiguous = contiguous;
         self

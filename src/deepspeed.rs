@@ -110,8 +110,8 @@ pub struct Request<'a> {
     pub target: Target<'a>,
     pub file_offset: i64,
     pub tensor: TensorDesc,
-    /// The front end's copier and hold on the tensor (see [`crate::Staging`]).
-    pub staging: Option<Box<dyn crate::Staging>>,
+    /// The front end's copier and hold on the tensor (see [`crate::buffer::Staging`]).
+    pub staging: Option<Box<dyn crate::buffer::Staging>>,
     pub validate: bool,
 }
 
@@ -126,20 +126,6 @@ impl<'a> Request<'a> {
             validate: self.validate,
         })
     }
-}
-
-/// The config of `aio_handle(block_size, queue_depth, single_submit,
-/// overlap_events, intra_op_parallelism)` from DeepSpeed's values (C
-/// `int`s): a value that cannot work (not positive, above a limit) is an
-/// `InvalidArgument` now rather than a misbehaving handle later.
-pub fn handle_config(
-    block_size: i64,
-    queue_depth: i64,
-    single_submit: bool,
-    overlap_events: bool,
-    intra_op_parallelism: i64,
-) -> Result<HandleConfig> {
-    HandleConfig::from_deepspeed(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)
 }
 
 /// `deepspeed_io_handle_t` (aio) or `deepspeed_gds_handle_t` as DeepSpeed's
@@ -164,11 +150,6 @@ impl Handle {
             HandleConfig::from_deepspeed(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)?;
         let core = if use_gds { blocking(|| IoHandle::new_gds(config))? } else { IoHandle::new(config)? };
         Ok(Handle { core })
-    }
-
-    /// The core handle.
-    pub fn core(&self) -> &IoHandle {
-        &self.core
     }
 
     /// `get_alignment()`: the CPU path's parallelism times 512.
@@ -317,13 +298,6 @@ pub fn memcpy_f32(dest: &TensorDesc, src: &TensorDesc) -> Result<i32> {
     Ok(0)
 }
 
-/// `deepspeed_pin_tensor_t::alloc`: the base of `num_elem * element_size`
-/// new bytes of locked memory.
-pub fn pinned_alloc(num_elem: i64, element_size: usize) -> Result<usize> {
-    let bytes = locked_bytes(num_elem, element_size)?;
-    blocking(|| PinnedMemoryManager::shared().alloc(bytes)).map(|p| p.as_ptr() as usize)
-}
-
 /// `new_cpu_locked_tensor` for a front end whose tensor owns its memory:
 /// `num_elem * element_size` new bytes of locked memory, managed (so every
 /// handle recognises them) and freed when the returned buffer is dropped;
@@ -377,85 +351,6 @@ pub fn pinned_free_tensor(tensor: &TensorDesc) -> bool {
 pub fn pinned_is_managed(tensor: &TensorDesc) -> bool {
     let b = tensor.buffer;
     b.is_host() && tensor.has_storage && PinnedMemoryManager::shared().is_managed(b.ptr(), b.len())
-}
-
-/// DeepSpeed's handle calls on a core [`IoHandle`], with the core's own
-/// errors: what [`Handle`] runs beneath its return codes, write warning and
-/// GIL release. They take what DeepSpeed's calls take (a raw [`BufferDesc`]
-/// whose contract holds until the op is finished, an `i64` offset, `async`
-/// as a flag); `IoHandle` itself offers only the Rust API (`read_into`,
-/// `write_from`, `scope`, `submit_read`/`submit_write`, `wait`), so this is
-/// the one public door to these semantics, for front ends and their tests.
-pub mod calls {
-    use std::time::Duration;
-
-    use crate::buffer::BufferDesc;
-    use crate::config::HandleConfig;
-    use crate::error::Result;
-    use crate::file::FileTarget;
-    use crate::handle::IoHandle;
-    use crate::op::OpRequest;
-
-    /// `pread(buffer, target, file_offset, async)`: a parallel read, async
-    /// (returns 0) or blocking (returns how many ops finished: this one and
-    /// every earlier pending one).
-    pub fn pread(
-        handle: &IoHandle,
-        buffer: BufferDesc,
-        target: FileTarget<'_>,
-        file_offset: i64,
-        is_async: bool,
-    ) -> Result<usize> {
-        handle.pread(buffer, target, file_offset, is_async)
-    }
-
-    /// `pwrite(buffer, target, file_offset, async)`: as [`pread`], writing.
-    pub fn pwrite(
-        handle: &IoHandle,
-        buffer: BufferDesc,
-        target: FileTarget<'_>,
-        file_offset: i64,
-        is_async: bool,
-    ) -> Result<usize> {
-        handle.pwrite(buffer, target, file_offset, is_async)
-    }
-
-    /// `pread`/`pwrite`/`async_*`/`sync_*` with a whole request (a front
-    /// end's staging, `validate`): 0 when async, else the ops finished.
-    pub fn submit(handle: &IoHandle, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
-        handle.submit(request, is_async)
-    }
-
-    /// [`submit`], a blocking one waiting in steps of `poll` and calling
-    /// `between` after each (the front ends run signal handlers there). An
-    /// error from `between` ends the wait with the ops left pending, their
-    /// buffers held, for a later `wait()`.
-    pub fn submit_polling(
-        handle: &IoHandle,
-        request: OpRequest<'_>,
-        is_async: bool,
-        poll: Duration,
-        between: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<usize> {
-        handle.submit_blocking_with(request, is_async, poll, between)
-    }
-
-    /// `wait()` in steps of `poll`, calling `between` after each; see [`submit_polling`].
-    pub fn wait_polling(handle: &IoHandle, poll: Duration, between: &mut dyn FnMut() -> Result<()>) -> Result<usize> {
-        handle.wait_with(poll, between)
-    }
-
-    /// `read`/`write`: one synchronous, unsplit transfer on the calling
-    /// thread, after the pending ops it shares memory or file bytes with.
-    pub fn transfer_inline(handle: &IoHandle, request: OpRequest<'_>) -> Result<()> {
-        handle.transfer_inline(request)
-    }
-
-    /// `aio_read`/`aio_write`: one unsplit transfer on the calling thread
-    /// with `config`'s parameters, without a handle (no worker threads).
-    pub fn transfer_once(config: &HandleConfig, request: OpRequest<'_>) -> Result<()> {
-        IoHandle::transfer_once(config, request)
-    }
 }
 
 /// DeepSpeed's one-time warning that heavy NVMe offload wears out consumer

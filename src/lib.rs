@@ -36,7 +36,7 @@
 //! * [`knobs`]: every default, limit and environment variable, in one place.
 //! * `buffer`: the caller's memory ([`BufferDesc`], built only through an
 //!   `unsafe` constructor that states its contract), the front ends'
-//!   [`Staging`] (their copies and their hold on the caller's memory),
+//!   `Staging` (their copies and their hold on the caller's memory),
 //!   `HostMemcpy` (the one memcpy of contiguous host memory, which their
 //!   memcpy fallbacks share), and [`IoBuffer`] for memory an async op owns.
 //! * `op/caller.rs`: **the ownership rule** for caller memory, in one place:
@@ -48,7 +48,7 @@
 //!   budget; `host_copy`: the copies' streaming stores and threads.
 //! * `interpreter`: holding the Python interpreter's lock without naming
 //!   the front end.
-//! * [`pinned`]: the process-wide page-locked memory manager
+//! * `pinned`: the process-wide page-locked memory manager
 //!   (`deepspeed_pin_tensor_t::shared()`), constant-time range recognition
 //!   (a page index), and
 //!   owned [`LockedBuffer`]s.
@@ -65,13 +65,15 @@
 //!   `wait()`, and the GDS routing of CUDA buffers.
 //! * `config`: [`HandleConfig`], a handle's knobs.
 //! * [`gds`]: GPUDirect Storage through cuFile, loaded at run time.
-//! * [`stats`]: ops, bytes, bounced bytes, failures and latency, per handle
-//!   ([`IoHandle::stats`]) and per process ([`stats::process`]).
-//! * [`deepspeed`]: DeepSpeed's API semantics that every front end shares
-//!   (return codes, the write warning, the elapsed-time line, one-shot
-//!   transfers, `deepspeed_memcpy`), and [`deepspeed::calls`], the only
-//!   public way to DeepSpeed-shaped handle calls (`IoHandle`'s own methods
-//!   are the Rust API).
+//! * `stats`: ops, bytes, bounced bytes, failures and latency, per handle
+//!   ([`IoHandle::stats`]) and per process ([`process_stats`]).
+//! * `deepspeed` (features `ffi`, `python`): DeepSpeed's API semantics that
+//!   every front end shares (return codes, the write warning, the
+//!   elapsed-time line, one-shot transfers, `deepspeed_memcpy`). The front
+//!   ends are in this crate, so none of it is public; `IoHandle`'s own
+//!   methods are the Rust API.
+//! * [`diag`]: the one door for what the CLI asks beyond the handle API
+//!   (engines, GDS probe, page-aligned memory, the variables it names).
 //! * `error`, `log`, `json`: errors that name file, offset and errno; stderr
 //!   lines that never panic; the JSON escaper for the cuFile config.
 //! * `sync`, `fork`: the crate's locks (std's, with parking_lot's API), and
@@ -90,6 +92,10 @@
 mod bounce;
 mod buffer;
 mod config;
+// The front ends' shared layer: a build without a front end (no `ffi`, no
+// `python`) calls none of it, and that is no defect.
+#[cfg_attr(not(any(feature = "ffi", feature = "python")), allow(dead_code))]
+mod deepspeed;
 mod engine;
 mod error;
 mod file;
@@ -99,21 +105,21 @@ mod interpreter;
 mod json;
 mod log;
 mod op;
+mod pinned;
 mod host_copy;
 mod resize_hold;
+mod stats;
 mod sync;
 mod threads;
 
-pub mod deepspeed;
+pub mod diag;
 pub mod gds;
 pub mod knobs;
-pub mod pinned;
-pub mod stats;
 
 #[cfg(feature = "ffi")]
-pub mod ffi;
+mod ffi;
 #[cfg(feature = "python")]
-pub mod python;
+mod python;
 
 /// The fork handler's hooks, in its order (see `fork.rs`): wired here, where
 /// every module is named, so that `fork.rs` names none of their owners.
@@ -128,17 +134,15 @@ pub(crate) static FORK_PARTICIPANTS: fork::Participants = fork::Participants {
     ],
 };
 
-pub use buffer::{BufferDesc, IoBuffer, Location, Staging};
+pub use buffer::{BufferDesc, IoBuffer, Location};
 pub use config::HandleConfig;
-pub use engine::choice::{engine_for_file, punting_fs, PuntingFs, FILE_ENGINE_RULE};
-pub use engine::{default_kind as default_engine, io_uring_status, EngineKind};
-pub use error::{errno_text, Direction, Error, Result, TransferError};
+pub use engine::EngineKind;
+pub use error::{Direction, Error, Result, TransferError};
 pub use file::{dio_alignment, DioAlignment, FileTarget};
-pub use gds::GdsError;
+pub use gds::error::GdsError;
 pub use handle::{IoHandle, OpScope, Pending};
-pub use op::OpRequest;
 pub use pinned::{LockedBuffer, PinnedMemoryManager};
-pub use stats::Stats;
+pub use stats::{process as process_stats, Stats};
 
 #[cfg(test)]
 mod internal_tests;

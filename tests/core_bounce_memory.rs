@@ -14,7 +14,7 @@ use deepnvme::test_support as common;
 
 use common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
 use deepnvme::{EngineKind, FileTarget};
 
 const CHILD_ENV: &str = "DEEPNVME_BOUNCE_TEST_CHILD";

@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
 use deepnvme::{BufferDesc, EngineKind, FileTarget, IoHandle, LockedBuffer};
 
 const FIXED_SEED: u64 = 20261201;

@@ -33,7 +33,7 @@ impl EngineKind {
             EngineKind::Psync => "psync",
         }
     }
-    /// `uring`/`io_uring` or `psync`, as [`knobs::ENGINE_ENV`] takes them.
+    /// `uring`/`io_uring` or `psync`, as [`crate::diag::ENGINE_ENV`] takes them.
     pub fn parse(s: &str) -> Option<EngineKind> {
         match knobs::parse_engine(s)? {
             EngineChoice::Uring => Some(EngineKind::Uring),

@@ -25,7 +25,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use crate::knobs::CUFILE_ENV_PATH_JSON;
+pub(crate) use crate::knobs::CUFILE_ENV_PATH_JSON;
 pub(crate) use crate::knobs::GDS_MIN_IO_THRESHOLD_SIZE_KB as MIN_IO_THRESHOLD_SIZE_KB;
 use super::error::GdsError;
 use crate::error::Error;

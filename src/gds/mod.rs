@@ -1,7 +1,7 @@
 //! GPUDirect Storage through cuFile: the device side of DeepSpeed's
 //! `deepspeed_gds_handle_t` / `gds_op_desc_t`, without torch.
 //!
-//! * [`probe()`] says once per process whether GDS can work here and, if not,
+//! * [`crate::diag::gds_probe`] says once per process whether GDS can work here and, if not,
 //!   exactly what is missing (libcufile and the names searched, libcuda /
 //!   the NVIDIA driver, a CUDA device, or the `cuFileDriverOpen` status and
 //!   errno).
@@ -36,7 +36,7 @@ mod cufile_api;
 mod cufile_ops;
 mod dl;
 mod driver;
-mod error;
+pub(crate) mod error;
 mod fd_handles;
 mod guard;
 mod io_outcome;
@@ -51,19 +51,19 @@ mod transfer;
 
 pub(crate) mod op;
 
-// The public surface: the handle-level API (probe, the driver and its
-// guard, a transfer), the errors and the types their fields name, and the
-// environment variables the README documents. Everything else is the
-// crate's own.
-pub use available::{environment_summary, probe};
-pub use config::{DriverSettings, CUFILE_ENV_PATH_JSON};
+// The public surface: the handle-level API (the driver and its guard, a
+// transfer), the errors and the types their fields name. The probe and the
+// environment variables reach the CLI through `crate::diag`; everything
+// else is the crate's own.
+pub use config::DriverSettings;
 pub use dl::LoadFailure;
-pub use error::{CudaStatus, GdsError, GdsLibrary, LoadedLibrary};
+pub use error::{CudaStatus, GdsLibrary, LoadedLibrary};
+pub(crate) use error::GdsError;
 pub use guard::{GdsDriver, GdsDriverGuard};
-pub use probe::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
 pub use region::Region;
 pub use transfer::GdsTransfer;
 
+pub(crate) use available::{environment_summary, probe};
 pub(crate) use available::unavailable;
 
 #[cfg(test)]

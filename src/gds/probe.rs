@@ -25,7 +25,7 @@ use super::cufile_api::CuFileApi;
 use super::dl;
 use super::error::{GdsError, GdsLibrary, LoadedLibrary};
 
-pub use crate::knobs::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
+pub(crate) use crate::knobs::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
 
 /// The names tried for each library, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]

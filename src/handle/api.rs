@@ -111,7 +111,7 @@ impl IoHandle {
     /// through cuFile with `intra_op_parallelism` threads; everything else
     /// takes the CPU path on one worker, as in DeepSpeed. Without GPUDirect
     /// Storage this fails naming what is missing, unless
-    /// [`knobs::GDS_CPU_ONLY_ENV`]`=1`, which makes a handle that serves
+    /// `DEEPNVME_GDS_CPU_ONLY=1`, which makes a handle that serves
     /// CPU buffers only. May block (cuFile driver open).
     pub fn new_gds(config: HandleConfig) -> Result<IoHandle> {
         config.validate()?;
@@ -368,7 +368,7 @@ impl IoHandle {
     }
 
     /// What this handle did so far: ops, bytes, bounced bytes, failures,
-    /// latency (see [`crate::stats`]).
+    /// latency (see [`Stats`]; [`crate::process_stats`] for the whole process).
     pub fn stats(&self) -> Stats {
         self.counters.snapshot()
     }

@@ -16,9 +16,8 @@ use super::order::*;
 use super::outcome::{combine, finish_panic};
 use super::windowed::*;
 use super::workers::*;
-use crate::buffer::{BufferDesc, Location};
+use crate::buffer::Location;
 use crate::error::{Direction, Result};
-use crate::file::FileTarget;
 use crate::knobs;
 use crate::op::checks::check_divisible;
 use crate::op::window::WindowedOp;
@@ -212,33 +211,30 @@ impl IoHandle {
 
     /// `pread(buffer, target, file_offset, async)` with DeepSpeed's
     /// meaning: a parallel read, async (returns 0) or blocking (returns the
-    /// ops finished). `buffer`'s contract ([`BufferDesc::from_raw_parts`])
-    /// holds until the op is finished.
+    /// ops finished). `buffer`'s contract ([`crate::BufferDesc::from_raw_parts`])
+    /// holds until the op is finished. The tests' shorthand; the front ends
+    /// build an [`OpRequest`] and call [`IoHandle::submit`].
+    #[cfg(any(test, feature = "test-support"))]
     pub(crate) fn pread(
         &self,
-        buffer: BufferDesc,
-        target: FileTarget<'_>,
+        buffer: crate::BufferDesc,
+        target: crate::FileTarget<'_>,
         file_offset: i64,
         is_async: bool,
     ) -> Result<usize> {
-        self.submit(
-            OpRequest::new(Direction::Read, target, file_offset, buffer),
-            is_async,
-        )
+        self.submit(OpRequest::new(Direction::Read, target, file_offset, buffer), is_async)
     }
 
     /// `pwrite(buffer, target, file_offset, async)`: as [`IoHandle::pread`], writing.
+    #[cfg(any(test, feature = "test-support"))]
     pub(crate) fn pwrite(
         &self,
-        buffer: BufferDesc,
-        target: FileTarget<'_>,
+        buffer: crate::BufferDesc,
+        target: crate::FileTarget<'_>,
         file_offset: i64,
         is_async: bool,
     ) -> Result<usize> {
-        self.submit(
-            OpRequest::new(Direction::Write, target, file_offset, buffer),
-            is_async,
-        )
+        self.submit(OpRequest::new(Direction::Write, target, file_offset, buffer), is_async)
     }
 
     /// Slice `i` to worker `i % workers`.

@@ -43,7 +43,7 @@ use window::WindowedOp;
 use work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
 
 /// A request to move one buffer, as DeepSpeed's calls make it (an `i64`
-/// offset, a front end's staging, `validate`): what [`crate::deepspeed::calls`] take.
+/// offset, a front end's staging, `validate`): what the front ends and `IoHandle::submit` take.
 pub struct OpRequest<'a> {
     pub direction: Direction,
     pub target: FileTarget<'a>,

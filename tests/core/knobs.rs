@@ -7,7 +7,7 @@
 
 use crate::common::*;
 // Whole requests and read/write (transfer_inline): DeepSpeed's calls.
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
 use deepnvme::{Direction, EngineKind, Error, FileTarget, HandleConfig};
 
 /// Transfer lengths: divisible by 1, 2, 3 and 4, not multiples of 512.
@@ -83,14 +83,14 @@ fn knob_matrix_both_engines_every_byte() {
 
 #[test]
 fn handle_getters_return_the_knobs() {
-    let cfg = deepnvme::deepspeed::handle_config(1000, 2, true, true, 3).unwrap();
+    let cfg = deepnvme::test_support::handle_config(1000, 2, true, true, 3).unwrap();
     assert_eq!(
         (cfg.block_size, cfg.queue_depth, cfg.single_submit, cfg.overlap_events, cfg.intra_op_parallelism),
         (1000, 2, true, true, 3)
     );
     assert_eq!(cfg.alignment(), 3 * 512, "get_alignment() = intra_op_parallelism * 512");
     for (bs, qd, p) in [(0, 1, 1), (1, 0, 1), (1, 1, 0), (-1, 1, 1), (1, 1, -4)] {
-        let e = deepnvme::deepspeed::handle_config(bs, qd, false, false, p).unwrap_err();
+        let e = deepnvme::test_support::handle_config(bs, qd, false, false, p).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{bs} {qd} {p}: {e}");
         assert!(e.to_string().contains("must be positive"), "{e}");
     }

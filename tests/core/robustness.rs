@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use crate::common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
-use deepnvme::deepspeed::calls as ds;
-use deepnvme::{Direction, FileTarget, OpRequest, Result, Staging};
+use deepnvme::test_support::calls as ds;
+use deepnvme::test_support::{OpRequest, Staging};
+use deepnvme::{Direction, FileTarget, Result};
 
 /// Stands for the torch glue's reference to a tensor: records when it is let go.
 struct TensorRef {
