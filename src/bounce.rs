@@ -59,14 +59,7 @@ impl BounceBuffer {
             let mut pool = pool();
             let budget = crate::knobs::settings().bounce_max_bytes;
             if purpose == Purpose::AsyncOp && pool.in_use + size > budget {
-                return Err(Error::InvalidArgument(format!(
-                    "{}: bouncing it needs {size} bytes of host memory, and {} of the {budget} bytes that bounce \
-                     buffers may use are in use by ops not yet finished; wait() for earlier ops, use locked memory \
-                     (new_cpu_locked_tensor, pin_memory()), or raise {} (MiB)",
-                    what(),
-                    pool.in_use,
-                    crate::knobs::BOUNCE_MAX_MB_ENV
-                )));
+                return Err(Error::BounceBudget { op: what(), needed: size, in_use: pool.in_use, budget });
             }
             pool.in_use += size;
             let found = pool.idle.get_mut(&size).and_then(Vec::pop);

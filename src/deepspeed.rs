@@ -76,7 +76,7 @@ pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
 pub fn code(result: Result<usize>) -> Result<i32> {
     match result {
         Ok(n) => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
-        Err(e @ (Error::File { .. } | Error::InvalidArgument(_))) => {
+        Err(e @ (Error::File { .. } | Error::InvalidArgument(_) | Error::BounceBudget { .. })) => {
             crate::log::error(&e.to_string());
             Ok(-1)
         }

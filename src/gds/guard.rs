@@ -72,6 +72,7 @@ impl GdsDriver {
 /// One reference on the open cuFile driver. Dropping it releases the
 /// reference; the last drop closes the driver. `Send + Sync`: one guard may
 /// be shared by a handle's threads, and it may be dropped on any thread.
+#[must_use = "dropping the guard releases the driver at once (the last one closes it)"]
 pub struct GdsDriverGuard {
     guard: CoreGuard<'static, CuFileOps, ProcessEnv>,
 }

@@ -29,6 +29,7 @@ use crate::error::Result;
 /// # std::fs::remove_dir_all(&dir)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[must_use = "dropping a Pending loses the way back to the buffer: take() it after wait()"]
 pub struct Pending<B> {
     pub(super) slot: Arc<Mutex<Option<B>>>,
 }

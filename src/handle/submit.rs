@@ -268,6 +268,7 @@ struct Admitted {
 }
 
 /// What the handle runs for a request.
+#[must_use = "an op the handle does not run never moves its bytes"]
 pub(super) enum HandleOp {
     /// An op for the queue (or, small and blocking, the calling thread).
     Queued(PreparedOp),

@@ -62,6 +62,7 @@ pub(crate) trait ChunkRunner {
 }
 
 /// A blocking op on bounced host memory, larger than one window.
+#[must_use = "a windowed op not run never moves its bytes"]
 pub(crate) struct WindowedOp {
     direction: Direction,
     file: OpenFile,
