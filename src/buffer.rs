@@ -83,21 +83,27 @@ impl BufferDesc {
         self
     }
 
+    /// The first byte.
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }
+    /// The length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
+    /// No bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Where the memory lives (host, CUDA, another device).
     pub fn location(&self) -> Location {
         self.location
     }
+    /// Host memory.
     pub fn is_host(&self) -> bool {
         self.location == Location::Host
     }
+    /// One contiguous run of bytes (a strided view is not).
     pub fn is_contiguous(&self) -> bool {
         self.contiguous
     }

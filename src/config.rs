@@ -67,6 +67,7 @@ impl HandleConfig {
         Ok(cfg)
     }
 
+    /// Refuses knobs that cannot work (zero, above a limit), naming the knob.
     pub fn validate(&self) -> Result<()> {
         if self.block_size == 0 || self.queue_depth == 0 || self.intra_op_parallelism == 0 {
             return Err(Error::InvalidArgument(format!(
@@ -95,6 +96,7 @@ impl HandleConfig {
         self.intra_op_parallelism * knobs::DEEPSPEED_ALIGNMENT_UNIT
     }
 
+    /// The knobs an engine run needs.
     pub fn aio_params(&self) -> crate::engine::AioParams {
         crate::engine::AioParams {
             block_size: self.block_size,

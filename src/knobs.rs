@@ -169,9 +169,13 @@ pub enum Scope {
 /// One environment variable: its name, default and meaning.
 #[derive(Clone, Copy, Debug)]
 pub struct EnvVar {
+    /// The variable's name.
     pub name: &'static str,
+    /// Who reads it.
     pub scope: Scope,
+    /// What holds when it is unset.
     pub default: &'static str,
+    /// What its values do.
     pub meaning: &'static str,
 }
 

@@ -22,11 +22,14 @@ pub struct AioParams {
 /// Which engine a handle uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EngineKind {
+    /// io_uring: one ring per worker.
     Uring,
+    /// pread/pwrite on the workers' threads.
     Psync,
 }
 
 impl EngineKind {
+    /// The name `DEEPNVME_ENGINE` takes (`uring`, `psync`).
     pub fn name(self) -> &'static str {
         match self {
             EngineKind::Uring => "io_uring",

@@ -34,8 +34,11 @@ use crate::knobs;
 /// The settings the driver is opened with (those of the first handle).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DriverSettings {
+    /// The first handle's queue depth (cuFile's `max_io_queue_depth`).
     pub queue_depth: usize,
+    /// The first handle's worker count (cuFile's `max_io_threads`).
     pub intra_op_parallelism: usize,
+    /// The first handle's block size (cuFile's max direct-I/O size).
     pub block_size: usize,
 }
 

@@ -6,8 +6,11 @@
 /// One registered region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Region {
+    /// The device address it starts at.
     pub base: u64,
+    /// Its length in bytes.
     pub len: usize,
+    /// The CUDA device ordinal it lives on.
     pub device: i32,
 }
 

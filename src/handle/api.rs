@@ -242,6 +242,8 @@ impl IoHandle {
         &self.config
     }
 
+    /// The engine this handle's workers run (files on tmpfs and ramfs may
+    /// still take psync: see [`crate::diag::FILE_ENGINE_RULE`]).
     pub fn engine_kind(&self) -> EngineKind {
         self.engine_kind
     }

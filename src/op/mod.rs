@@ -45,9 +45,13 @@ use work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
 /// A request to move one buffer, as DeepSpeed's calls make it (an `i64`
 /// offset, a front end's staging, `validate`): what the front ends and `IoHandle::submit` take.
 pub struct OpRequest<'a> {
+    /// Read or write.
     pub direction: Direction,
+    /// The file.
     pub target: FileTarget<'a>,
+    /// Where in the file (negative is refused).
     pub file_offset: i64,
+    /// The caller's memory.
     pub buffer: BufferDesc,
     /// How to copy when the op bounces, and the op's hold on the caller's
     /// memory until it finishes. `None` is fine for contiguous host memory
