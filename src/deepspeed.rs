@@ -14,12 +14,9 @@
 //!   before the first write, and **the elapsed-time line** `read`/`write`
 //!   print on stdout.
 //! * **Module functions**: one-shot `aio_read`/`aio_write`, the checked
-//!   `deepspeed_memcpy`, the pinned manager's entry points, and
-//!   `handle_config` (`aio_handle`'s C `int` values checked into a `HandleConfig`).
-//! * **[`calls`]**: DeepSpeed's handle calls on a core `IoHandle`
-//!   (`pread`/`pwrite` with an `i64` offset and an `async` flag, whole
-//!   requests, polling waits, `read`/`write`), with the core's errors. They
-//!   are the only public way to them: `IoHandle`'s own API is Rust-shaped.
+//!   `deepspeed_memcpy`, the pinned manager's entry points.
+//! * **The handle's knobs** arrive whole, as a `DeepSpeedKnobs`
+//!   (`config.rs`), from every front end.
 //!
 //! Nothing here panics into a caller: front ends call these under their own
 //! `catch_unwind`, and these never unwind on their own.
@@ -27,7 +24,7 @@
 use std::time::Instant;
 
 use crate::buffer::BufferDesc;
-use crate::config::HandleConfig;
+use crate::config::DeepSpeedKnobs;
 use crate::error::{Direction, Error, Result};
 use crate::file::FileTarget;
 use crate::handle::IoHandle;
@@ -138,17 +135,9 @@ impl Handle {
     /// `aio_handle(block_size, queue_depth, single_submit, overlap_events,
     /// intra_op_parallelism)`, or `gds_handle(...)` with `use_gds`. Bad knobs
     /// and a missing GDS raise.
-    pub fn new(
-        block_size: i64,
-        queue_depth: i64,
-        single_submit: bool,
-        overlap_events: bool,
-        intra_op_parallelism: i64,
-        use_gds: bool,
-    ) -> Result<Handle> {
-        let config =
-            HandleConfig::from_deepspeed(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)?;
-        let core = if use_gds { blocking(|| IoHandle::new_gds(config))? } else { IoHandle::new(config)? };
+    pub fn new(knobs: &DeepSpeedKnobs) -> Result<Handle> {
+        let config = knobs.config()?;
+        let core = if knobs.use_gds { blocking(|| IoHandle::new_gds(config))? } else { IoHandle::new(config)? };
         Ok(Handle { core })
     }
 
@@ -239,16 +228,11 @@ impl Drop for Handle {
 }
 
 /// `aio_read`/`aio_write`: a one-shot whole-buffer transfer on the calling
-/// thread with the given knobs; 0, or -1. No handle (no worker threads) is
-/// made: the calling thread's cached engine moves the bytes.
-pub fn one_shot(
-    request: Request<'_>,
-    block_size: i64,
-    queue_depth: i64,
-    single_submit: bool,
-    overlap_events: bool,
-) -> Result<i32> {
-    let config = match HandleConfig::from_deepspeed(block_size, queue_depth, single_submit, overlap_events, 1) {
+/// thread with the given knobs (their parallelism is 1, whatever `knobs`
+/// says); 0, or -1. No handle (no worker threads) is made: the calling
+/// thread's cached engine moves the bytes.
+pub fn one_shot(request: Request<'_>, knobs: &DeepSpeedKnobs) -> Result<i32> {
+    let config = match (DeepSpeedKnobs { intra_op_parallelism: 1, use_gds: false, ..*knobs }).config() {
         Ok(c) => c,
         Err(e) => return code(Err(e)),
     };

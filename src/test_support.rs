@@ -456,18 +456,8 @@ pub mod calls {
 }
 
 
-/// The config of `aio_handle(block_size, queue_depth, single_submit,
-/// overlap_events, intra_op_parallelism)` from DeepSpeed's values (C
-/// `int`s), as the front ends check them.
-pub fn handle_config(
-    block_size: i64,
-    queue_depth: i64,
-    single_submit: bool,
-    overlap_events: bool,
-    intra_op_parallelism: i64,
-) -> crate::Result<HandleConfig> {
-    HandleConfig::from_deepspeed(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)
-}
+/// DeepSpeed's handle knobs, as the front ends pass them (checked by `config()`).
+pub use crate::config::DeepSpeedKnobs;
 
 // What the tests of the engine choice and GDS look at, beside the CLI's view (`crate::diag`).
 pub use crate::buffer::Staging;

@@ -38,7 +38,7 @@ use crate::host_copy::parallel_copy;
 use crate::pinned::{page_size, PinnedMemoryManager, RegionHold};
 use caller::{bytes, bytes_mut, CallerMemory};
 use checks::{check_file_offset, check_read_extent, describe_op, report_validation};
-use plan::{plan_op, OpPlan};
+use plan::{plan_op, IoSpan, OpPlan};
 use window::WindowedOp;
 use work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
 
@@ -226,7 +226,8 @@ impl CpuOp {
             IoMemory::Direct { .. } => buffer.ptr(),
             IoMemory::Bounce { buffer: bounce, skew, .. } => bounce.as_ptr().wrapping_add(*skew),
         };
-        let plan = plan_op(direction, &mut file, file_offset, io_ptr, len, parallelism, params, registrable)?;
+        let span = IoSpan { ptr: io_ptr, len, registrable };
+        let plan = plan_op(direction, &mut file, file_offset, span, parallelism, params)?;
         Ok(Prepared::Op(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate, given, footprint, copied_out: false, copy_error: None }))
     }
 

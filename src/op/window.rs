@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use super::caller::{bytes, bytes_mut, CallerMemory};
 use super::checks::{describe_op, report_validation};
-use super::plan::{plan_op, OpPlan};
+use super::plan::{plan_op, IoSpan, OpPlan};
 use super::read_ahead::{ReadAhead, ReadAheadMemory};
 use super::work::OpFootprint;
 use crate::bounce::{BounceBuffer, Purpose};
@@ -139,7 +139,8 @@ impl WindowedOp {
         let io_ptr = window.as_ptr().wrapping_add(self.skew);
         let memory = window.registrable().cloned();
         let file_offset = self.file_offset + off as u64;
-        plan_op(self.direction, &mut self.file, file_offset, io_ptr, n, self.parallelism, self.params, memory)
+        let span = IoSpan { ptr: io_ptr, len: n, registrable: memory };
+        plan_op(self.direction, &mut self.file, file_offset, span, self.parallelism, self.params)
     }
 
     /// Starts the op with `runner` and runs it to its end, calling `between`
