@@ -1,5 +1,5 @@
-//! JSON string literals, for the few JSON texts the crate writes by hand
-//! (the cuFile config, the CLI's `--json` output); one escaper for both.
+//! JSON string literals for the one JSON text the core writes by hand: the
+//! private cuFile config (`gds/config.rs`). The CLI has serde_json.
 
 use std::fmt::Write;
 

@@ -1,9 +1,8 @@
 //! io_uring fixed buffers: long-lived memory that a worker's ring registers
 //! once (the kernel pins its pages at registration), so that every read or
 //! write into it is a READ_FIXED / WRITE_FIXED that skips the per-request
-//! page pinning and unpinning a plain READ / WRITE does. On the benchmark
-//! machine that is the difference between 0.6 and 1.3-2.0 GB/s for 1 MiB
-//! reads at queue depth 32 (fio, same file, `--fixedbufs`).
+//! page pinning and unpinning a plain READ / WRITE does: on fast devices
+//! that pinning is what bounds a ring (fio's `--fixedbufs`, docs/perf/history.md).
 //!
 //! What may be registered carries a [`RegistrableMemory`] token: the pinned
 //! manager's regions and the bounce pool's buffers, whose lifetimes deepnvme

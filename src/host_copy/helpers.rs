@@ -10,9 +10,8 @@
 //! the copy returned (the ownership rule, `op/caller.rs`: a copy of caller
 //! memory runs inside the front end's hold, and so do its helpers' pieces).
 //!
-//! Why kept threads: a bounce window is 4 MiB, copied in about 0.3 ms; a
-//! thread started per copy cost more than the half it took over
-//! (docs/perf/bounds.md).
+//! Why kept threads: a window's copy is short, and a thread started per
+//! copy cost more than the share it took over (docs/perf/bounds.md).
 //!
 //! `fork()`: a child has none of its parent's helpers. Its copies run on
 //! the calling thread alone, and it never takes the parent's pool's locks,

@@ -1,31 +1,17 @@
 //! How far a bounced blocking read runs ahead of its copy.
 //!
-//! A windowed read (`window.rs`) copies each window's bytes to the caller
-//! after the device filled it. When the device is slower than the copy,
-//! the copy waits for every chunk, and the more windows in flight the
-//! deeper the device's queue. When the device is faster (a RAM-backed
-//! device, an NVMe array on few cores), the workers fill every window the
-//! op has long before the copy reaches it, and the copy reads each byte
-//! back from memory instead of the cache (measured on ext4 on zram:
-//! docs/perf/read_ahead_ab.md).
-//!
-//! So the number in flight follows what the copy sees: one more after each
-//! chunk that made it wait (up to all the op's windows), one fewer after
-//! each that was already done when it was waited for (down to
-//! [`BOUNCE_WINDOWS_MIN`]), but only while the copier is the one behind:
-//! it spent less than a quarter
-//! ([`BOUNCE_COPY_BOUND_WAIT_SHARE`]) of its recent time waiting for chunks
-//! that were not done yet (the overhead of taking one that was is not
-//! waiting). Without
-//! that condition a device that completes chunks in bursts (this VM's
-//! virtio disk: one long wait, then several chunks done) drove the limit
-//! down to 3–5 windows while the copier waited most of the time, and
-//! bounced reads lost 3–8% against locked ones
-//! (docs/perf/read_ahead_ab.md). One step each way: doubling on a wait
-//! kept it above the least on zram, where a 2-core VM's scheduler makes the
-//! copy wait now and then. A handle remembers where its last read left it,
-//! so the next one starts there. Writes copy before the I/O and always use
-//! all their windows.
+//! A windowed read (`window.rs`) copies each window to the caller after the
+//! device filled it. Too few windows in flight starve a slow device; too
+//! many, on a device faster than the copy, make the copy read each byte
+//! back from memory instead of the cache. So the number in flight follows
+//! what the copy sees: one more after a chunk that made it wait (up to all
+//! the op's windows), one fewer after one that was already done (down to
+//! [`BOUNCE_WINDOWS_MIN`]), the latter only while the copy is the one
+//! behind (under [`BOUNCE_COPY_BOUND_WAIT_SHARE`] of its recent time spent
+//! waiting), so a device that completes chunks in bursts does not drive it
+//! down. A handle remembers where its last read left it. Writes copy before
+//! the I/O and use all their windows. The measurements behind each part of
+//! the rule: docs/perf/read_ahead_ab.md.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -73,9 +59,9 @@ impl ReadAhead {
             return;
         }
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        // A chunk that was already done costs the wait's own overhead (tens
-        // of µs): that is not waiting for the device, and with short copies
-        // (copy helpers, many CPUs) it would look like a quarter of the time.
+        // Taking a chunk that was already done costs the wait's own overhead:
+        // not waiting for the device, though with short copies it would look
+        // like a large share of the time.
         let waited_for_device = if waited >= BOUNCE_READY_WAIT { ns(waited) } else { 0 };
         self.recent_wait_ns = (self.recent_wait_ns - self.recent_wait_ns / 8).saturating_add(waited_for_device);
         self.recent_copy_ns = (self.recent_copy_ns - self.recent_copy_ns / 8).saturating_add(ns(copied));
