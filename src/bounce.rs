@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::sync::Mutex;
+use crate::rt::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::pinned::{page_size, PageAlignedBuffer};
@@ -125,15 +125,15 @@ impl Drop for BounceBuffer {
     }
 }
 
-/// The pool's lock (the fork handlers installed first: see `fork.rs`).
-fn pool() -> crate::sync::MutexGuard<'static, Pool> {
-    crate::fork::install();
+/// The pool's lock (the fork handlers installed first: see `rt/fork.rs`).
+fn pool() -> crate::rt::sync::MutexGuard<'static, Pool> {
+    crate::rt::fork::install();
     POOL.lock()
 }
 
-/// The fork handler's hook (`fork.rs`): holds the pool across `fork()`, so
+/// The fork handler's hook (`rt/fork.rs`): holds the pool across `fork()`, so
 /// that no other thread is inside it at the fork and a child can take it.
-pub(crate) fn hold_for_fork(_: std::time::Instant) -> crate::fork::Held {
+pub(crate) fn hold_for_fork(_: std::time::Instant) -> crate::rt::fork::Held {
     Some(Box::new(POOL.lock()))
 }
 

@@ -60,12 +60,12 @@ impl TensorDesc {
 /// raise when the call returns, and comes back as [`Error::Interrupted`].
 /// Ok without Python.
 pub fn check_signals() -> Result<()> {
-    crate::interpreter::check_signals()
+    crate::rt::interpreter::check_signals()
 }
 
 /// Runs a call that blocks on I/O (or on a handle's lock) without the GIL.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    crate::interpreter::without_gil(f)
+    crate::rt::interpreter::without_gil(f)
 }
 
 /// Requests DeepSpeed answers with -1: print why, return -1. Anything else
@@ -74,7 +74,7 @@ pub fn code(result: Result<usize>) -> Result<i32> {
     match result {
         Ok(n) => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
         Err(e @ (Error::File { .. } | Error::InvalidArgument(_) | Error::BounceBudget { .. })) => {
-            crate::log::error(&e.to_string());
+            crate::rt::log::error(&e.to_string());
             Ok(-1)
         }
         Err(other) => Err(other),
@@ -157,7 +157,7 @@ impl Handle {
                 blocking(|| self.core.submit(op, true))
             } else {
                 blocking(|| {
-                    crate::interpreter::raise_kept_interruption(self.core.submit_blocking_with(
+                    crate::rt::interpreter::raise_kept_interruption(self.core.submit_blocking_with(
                         op,
                         false,
                         SIGNAL_POLL_INTERVAL,
@@ -188,7 +188,7 @@ impl Handle {
     /// it with KeyboardInterrupt at once (the ops stay pending, their
     /// buffers held, for the next wait or the handle's drop).
     pub fn wait(&self) -> Result<i32> {
-        blocking(|| crate::interpreter::raise_kept_interruption(self.core.wait_with(SIGNAL_POLL_INTERVAL, &mut check_signals)))
+        blocking(|| crate::rt::interpreter::raise_kept_interruption(self.core.wait_with(SIGNAL_POLL_INTERVAL, &mut check_signals)))
             .map(|n| i32::try_from(n).unwrap_or(i32::MAX))
     }
 
@@ -221,7 +221,7 @@ impl Drop for Handle {
     fn drop(&mut self) {
         if self.core.pending_ops() > 0 {
             if let Err(e) = blocking(|| self.core.wait()) {
-                crate::log::error(&format!("handle dropped with ops in flight; finishing them failed: {e}"));
+                crate::rt::log::error(&format!("handle dropped with ops in flight; finishing them failed: {e}"));
             }
         }
     }
@@ -250,7 +250,7 @@ pub fn one_shot(request: Request<'_>, knobs: &DeepSpeedKnobs) -> Result<i32> {
 /// DeepSpeed's `read`/`write` print this on stdout.
 fn elapsed_line(start: Instant) {
     let usec = start.elapsed().as_secs_f64() * 1e6;
-    crate::log::stdout_line(&format!("Elapsed time(usec): aio = {usec:.0} call = {usec:.0}"));
+    crate::rt::log::stdout_line(&format!("Elapsed time(usec): aio = {usec:.0} call = {usec:.0}"));
 }
 
 /// `deepspeed_memcpy(dest, src)`: copies `dest.size(0)` 4-byte elements,
@@ -322,7 +322,7 @@ pub fn pinned_free_tensor(tensor: &TensorDesc) -> bool {
     match manager.region_of(ptr as *const u8) {
         Some((base, bytes)) if base == ptr && bytes == len => manager.free(ptr as *const u8),
         Some((base, bytes)) if base == ptr => {
-            crate::log::info(&format!(
+            crate::rt::log::info(&format!(
                 "free_cpu_locked_tensor: refused: the tensor is {len} bytes at {ptr:#x}, a view of the {bytes}-byte                  locked allocation there; free the tensor that new_cpu_locked_tensor returned (nothing was freed)"
             ));
             false
@@ -356,8 +356,8 @@ pub mod write_warning {
         if EMITTED.swap(true, Ordering::AcqRel) {
             return;
         }
-        if !crate::interpreter::emit_write_warning(MESSAGE) {
-            crate::log::info(MESSAGE);
+        if !crate::rt::interpreter::emit_write_warning(MESSAGE) {
+            crate::rt::log::info(MESSAGE);
         }
     }
 }

@@ -198,13 +198,13 @@ impl Staging for TorchStaging {
     // Python thread can resize or free the tensor meanwhile (the ownership rule).
     fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> crate::Result<()> {
         let op = &self.op;
-        crate::interpreter::with_interpreter_lock(|| {
+        crate::rt::interpreter::with_interpreter_lock(|| {
             op.copy_to_host(bounce.as_mut_ptr() as usize, bounce.len()).map_err(|e| Error::Copy(e.to_string()))
         })
     }
     fn copy_from_bounce(&mut self, bounce: &[u8]) -> crate::Result<()> {
         let op = &self.op;
-        crate::interpreter::with_interpreter_lock(|| {
+        crate::rt::interpreter::with_interpreter_lock(|| {
             op.copy_from_host(bounce.as_ptr() as usize, bounce.len()).map_err(|e| Error::Copy(e.to_string()))
         })
     }
@@ -214,7 +214,7 @@ impl Staging for TorchStaging {
     /// Under the GIL: Python code can then neither free nor swap the
     /// tensor's storage (`resize_`, `set_`, `del`).
     fn hold_still(&self, access: &mut dyn FnMut() -> crate::Result<()>) -> crate::Result<()> {
-        crate::interpreter::with_interpreter_lock(access)
+        crate::rt::interpreter::with_interpreter_lock(access)
     }
 }
 

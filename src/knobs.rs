@@ -458,10 +458,10 @@ fn default_bounce_max_mb() -> usize {
 
 /// The process's settings, read from the environment on first use. (The
 /// way in to every process-wide state, so it installs the fork handlers:
-/// see `fork.rs`.)
+/// see `rt/fork.rs`.)
 pub(crate) fn settings() -> &'static Settings {
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
-    if !crate::fork::install() {
+    if !crate::rt::fork::install() {
         // Once: later calls find the handlers' state already failed.
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -473,9 +473,9 @@ pub(crate) fn settings() -> &'static Settings {
     SETTINGS.get_or_init(Settings::from_env)
 }
 
-/// The fork handler's hook (`fork.rs`): settles the settings' `OnceLock`
+/// The fork handler's hook (`rt/fork.rs`): settles the settings' `OnceLock`
 /// (a fork must not find it half set).
-pub(crate) fn settle_for_fork(_: std::time::Instant) -> crate::fork::Held {
+pub(crate) fn settle_for_fork(_: std::time::Instant) -> crate::rt::fork::Held {
     let _ = settings();
     None
 }

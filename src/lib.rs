@@ -99,18 +99,13 @@ mod deepspeed;
 mod engine;
 mod error;
 mod file;
-mod fork;
 mod handle;
-mod interpreter;
-mod json;
-mod log;
 mod op;
 mod pinned;
 mod host_copy;
 mod resize_hold;
+mod rt;
 mod stats;
-mod sync;
-mod threads;
 
 pub mod diag;
 pub mod gds;
@@ -121,16 +116,16 @@ mod ffi;
 #[cfg(feature = "python")]
 mod python;
 
-/// The fork handler's hooks, in its order (see `fork.rs`): wired here, where
-/// every module is named, so that `fork.rs` names none of their owners.
-pub(crate) static FORK_PARTICIPANTS: fork::Participants = fork::Participants {
+/// The fork handler's hooks, in its order (see `rt/fork.rs`): wired here, where
+/// every module is named, so that `rt/fork.rs` names none of their owners.
+pub(crate) static FORK_PARTICIPANTS: rt::fork::Participants = rt::fork::Participants {
     settle: &[knobs::settle_for_fork, engine::settle_for_fork],
     hold: &[
         engine::fixed::empty_tables_for_fork,
         engine::fixed::hold_lists_for_fork,
         pinned::hold_for_fork,
         bounce::hold_for_fork,
-        log::hold_for_fork,
+        rt::log::hold_for_fork,
     ],
 };
 

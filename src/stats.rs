@@ -186,7 +186,7 @@ pub(crate) fn report_at_exit_if_asked() {
     }
     extern "C" fn report() {
         // Nothing may unwind out of an atexit handler.
-        let _ = std::panic::catch_unwind(|| crate::log::info(&format!("stats: {}", process())));
+        let _ = std::panic::catch_unwind(|| crate::rt::log::info(&format!("stats: {}", process())));
     }
     if !REGISTERED.swap(true, std::sync::atomic::Ordering::AcqRel) {
         // SAFETY: registers a plain function with no captured state.

@@ -75,7 +75,7 @@ impl DriverSettings {
     }
 }
 
-use crate::json::string as json_string;
+use crate::rt::json::string as json_string;
 
 /// The config text: DeepSpeed's `execution` keys, plus the log directory.
 pub(crate) fn config_json(settings: &DriverSettings, log_dir: &str) -> String {
@@ -200,7 +200,7 @@ impl Drop for ConfigDir {
     fn drop(&mut self) {
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                crate::log::error(&format!("removing the cuFile config directory {} failed: {e}", self.dir.display()));
+                crate::rt::log::error(&format!("removing the cuFile config directory {} failed: {e}", self.dir.display()));
             }
         }
     }

@@ -44,7 +44,7 @@ impl Drop for CurrentContext<'_> {
     fn drop(&mut self) {
         if let Some(prev) = self.previous {
             if let Err(e) = self.cuda.set_current(prev) {
-                crate::log::error(&format!("restoring the caller's CUDA context: {e}"));
+                crate::rt::log::error(&format!("restoring the caller's CUDA context: {e}"));
             }
         }
     }

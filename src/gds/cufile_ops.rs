@@ -13,7 +13,7 @@ use super::driver::{DriverCore, DriverOps, EnvAccess};
 use super::error::GdsError;
 use super::probe::{environment, Gpu};
 use super::registry::Registrar;
-use crate::sync::Mutex;
+use crate::rt::sync::Mutex;
 
 
 /// The process environment. Setting a variable while other threads call

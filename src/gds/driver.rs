@@ -10,7 +10,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::sync::{Mutex, RwLock, RwLockReadGuard};
+use crate::rt::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use super::config::{ConfigDir, DriverSettings, CUFILE_ENV_PATH_JSON};
 use super::error::GdsError;
@@ -142,7 +142,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
             st.session = Some(self.open_session(settings)?);
         } else if let Some(s) = &st.session {
             if s.settings != settings {
-                crate::log::info_once(
+                crate::rt::log::info_once(
                     "gds-driver-settings",
                     &format!(
                         "the cuFile driver is already open with {:?}; a handle asking for {:?} shares it \
@@ -159,7 +159,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
     fn open_session(&self, settings: DriverSettings) -> Result<Session, GdsError> {
         let (config, env_value) = match self.env.get(CUFILE_ENV_PATH_JSON) {
             Some(user) => {
-                crate::log::info_once(
+                crate::rt::log::info_once(
                     "gds-user-cufile-json",
                     &format!(
                         "{CUFILE_ENV_PATH_JSON} is set to {}; cuFile uses that config, and the handle's \
@@ -174,7 +174,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
             // it wholesale, so it wins. (DeepSpeed's own file was never read.)
             None if (self.site_config)().is_some() => {
                 let site = (self.site_config)().unwrap_or_default();
-                crate::log::info_once(
+                crate::rt::log::info_once(
                     "gds-site-cufile-json",
                     &format!(
                         "using this machine's cuFile config {}; the handle's queue_depth/intra_op_parallelism \
@@ -192,7 +192,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
                     // E.g. the driver is already open (another library in
                     // the process): cuFile then takes no parameters, and the
                     // open below shares that driver as before.
-                    crate::log::info_once(
+                    crate::rt::log::info_once(
                         "gds-parameter-api",
                         &format!("cuFile's parameter API refused the config ({e}); using a config file instead"),
                     );
@@ -217,7 +217,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
             }
         }
         if !session.opened_by_us {
-            crate::log::info_once(
+            crate::rt::log::info_once(
                 "gds-driver-shared",
                 "the cuFile driver was already open in this process (by another library); sharing it, \
                  so this process's cuFile config is the one it was opened with",
@@ -242,7 +242,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
         }
         if let Some(cfg) = &session.config {
             for line in cfg.log_lines(50) {
-                crate::log::info(&format!("cuFile log: {line}"));
+                crate::rt::log::info(&format!("cuFile log: {line}"));
             }
         }
         drop(session); // removes the config directory
@@ -266,13 +266,13 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
             }
         };
         if leftovers.0 > 0 {
-            crate::log::info(&format!(
+            crate::rt::log::info(&format!(
                 "closing the cuFile driver with {} device buffer(s) still registered; deregistered them",
                 leftovers.0
             ));
         }
         for e in leftovers.1 {
-            crate::log::error(&e.to_string());
+            crate::rt::log::error(&e.to_string());
         }
         let session = st.session.take();
         self.close_driver(session.as_ref().is_some_and(|s| s.opened_by_us));
@@ -285,7 +285,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
     /// driver itself is closed only when `opened_by_us`.
     fn close_driver(&self, opened_by_us: bool) {
         if let Err(e) = self.ops.close(opened_by_us) {
-            crate::log::error(&e.to_string());
+            crate::rt::log::error(&e.to_string());
         }
     }
 

@@ -17,7 +17,7 @@ use std::os::fd::RawFd;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use crate::sync::{Condvar, Mutex};
+use crate::rt::sync::{Condvar, Mutex};
 
 /// One fd's registration.
 enum Slot<H> {

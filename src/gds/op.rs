@@ -72,7 +72,7 @@ impl OpCompletion for GdsCompletion {
                     staging.copy_to_bounce(host.as_mut_slice())?;
                     report_validation(self.direction, &self.file, self.file_offset, host.as_slice());
                 }
-                None => crate::log::stdout_line(&format!(
+                None => crate::rt::log::stdout_line(&format!(
                     "Fail: correctness of {} of {}: no way to read the device buffer back",
                     self.direction.verb(),
                     self.file.display_path().display()

@@ -7,20 +7,20 @@
 //! `cuFileRead`/`cuFileWrite`), up to
 //! [`crate::knobs::GDS_MAX_PIECE_THREADS`]; past that, pieces wait for a
 //! thread. A forked child gets a fresh pool (the parent's threads do
-//! not exist in it: the pool records where it started them, `threads.rs`'s
+//! not exist in it: the pool records where it started them, `rt/threads.rs`'s
 //! `StartedIn`). When no thread can be started, a piece runs on the
 //! calling thread. Threads are started (and named `deepnvme-gds-N`) by
-//! `threads.rs`.
+//! `rt/threads.rs`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use crate::sync::Mutex;
+use crate::rt::sync::Mutex;
 
 use crate::error::panic_text;
-use crate::threads::{self, Role, StartedIn};
+use crate::rt::threads::{self, Role, StartedIn};
 
 
 type Task = Box<dyn FnOnce() + Send + 'static>;

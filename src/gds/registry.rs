@@ -140,7 +140,7 @@ impl RegionMap {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::sync::Mutex;
+    use crate::rt::sync::Mutex;
 
     /// Records calls; device = (ptr >> 40); fails where told to.
     #[derive(Default)]

@@ -1,6 +1,6 @@
 //! [`IoHandle`]: its parts, its construction and drop, and the Rust API
 //! (borrowed and owned buffers, statistics, GDS registration). Its workers
-//! (`deepnvme-io-N`) are started through `threads.rs`.
+//! (`deepnvme-io-N`) are started through `rt/threads.rs`.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::sync::Mutex;
+use crate::rt::sync::Mutex;
 
 use super::device::*;
 use super::latch::*;
@@ -29,7 +29,7 @@ use crate::op::work::OpMeta;
 use crate::op::OpRequest;
 use crate::pinned::PinnedMemoryManager;
 use crate::stats::{self, Counters, OpRecord, Stats};
-use crate::threads::{self, Role};
+use crate::rt::threads::{self, Role};
 
 /// A DeepNVMe I/O handle: `deepspeed_io_handle_t`, or with
 /// [`IoHandle::new_gds`], `deepspeed_gds_handle_t`.
@@ -127,7 +127,7 @@ impl IoHandle {
                     knobs::GDS_CPU_ONLY_ENV
                 )));
             }
-            crate::log::info_once(
+            crate::rt::log::info_once(
                 "gds-cpu-only",
                 &format!(
                     "gds_handle without GPUDirect Storage ({why}); {}=1, so it serves CPU tensors only",
@@ -442,7 +442,7 @@ impl Drop for IoHandle {
         // Finish what is in flight: the kernel may still be using the buffers.
         if self.pending_ops() > 0 {
             if let Err(e) = self.wait() {
-                crate::log::error(&format!(
+                crate::rt::log::error(&format!(
                     "handle dropped with ops in flight; finishing them failed: {e}"
                 ));
             }

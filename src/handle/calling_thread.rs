@@ -1,6 +1,6 @@
 //! Ops on the calling thread: DeepSpeed's `read`/`write`, small
 //! blocking ops, and one-shot transfers without a handle (on the calling
-//! thread's own engine, made afresh in a child of `fork()`: see `threads.rs`).
+//! thread's own engine, made afresh in a child of `fork()`: see `rt/threads.rs`).
 //! The first and the last are DeepSpeed-shaped, so crate-internal:
 //! `crate::deepspeed` calls them.
 
@@ -22,7 +22,7 @@ use crate::op::work::{OpCompletion, OpFootprint, OpWork};
 use crate::op::{CpuOp, Mode, OpRequest, Prepared};
 use crate::pinned::PinnedMemoryManager;
 use crate::stats::{self, OpRecord};
-use crate::threads::StartedIn;
+use crate::rt::threads::StartedIn;
 
 impl IoHandle {
     /// `read`/`write`: one synchronous, unsplit transfer on the calling

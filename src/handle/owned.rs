@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::sync::Mutex;
+use crate::rt::sync::Mutex;
 
 use crate::buffer::{BufferDesc, HostMemcpy, IoBuffer, Staging};
 use crate::error::Result;

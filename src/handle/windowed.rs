@@ -200,7 +200,7 @@ impl IoHandle {
                 drop(parked);
                 if let Some(e) = interruption {
                     if let Err(failed) = &outcome {
-                        crate::log::error(&failed.to_string());
+                        crate::rt::log::error(&failed.to_string());
                     }
                     return Err(e);
                 }
@@ -245,7 +245,7 @@ impl IoHandle {
                 if let Err(e) = between() {
                     if !writes {
                         if let Some(Err(kept)) = entry.release_from_caller() {
-                            crate::log::error(&kept.to_string());
+                            crate::rt::log::error(&kept.to_string());
                         }
                         return Err(e);
                     }

@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use super::streaming::copy_streaming;
 use crate::knobs::{COPY_HELPERS_MAX, COPY_PIECE_BYTES, COPY_SPIN_FOR_LAST_PIECE};
-use crate::sync::{Condvar, Mutex};
-use crate::threads::{self, Role, StartedIn};
+use crate::rt::sync::{Condvar, Mutex};
+use crate::rt::threads::{self, Role, StartedIn};
 
 /// Bytes the helpers copied, process-wide (tests read it).
 static HELPER_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -128,7 +128,7 @@ impl Pool {
             match threads::spawn(Role::Copy, index, move || helper_loop(&board)) {
                 Ok(_) => helpers += 1, // detached: it lives as long as the process
                 Err(e) => {
-                    crate::log::info_once("copy-helper-start", &format!("{e}; large copies use fewer threads"));
+                    crate::rt::log::info_once("copy-helper-start", &format!("{e}; large copies use fewer threads"));
                     break;
                 }
             }

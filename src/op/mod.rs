@@ -278,7 +278,7 @@ impl CpuOp {
         })?;
         let Some(now) = now.filter(|now| *now != self.given) else { return Ok(()) };
         if self.plan.direction == Direction::Write {
-            crate::log::info_once(
+            crate::rt::log::info_once(
                 "write-storage-swapped",
                 &format!(
                     "a tensor's storage was replaced while its write to {} was in flight; the write used the \

@@ -189,7 +189,7 @@ impl WindowedOp {
         if done_bytes == 0 {
             return e;
         }
-        crate::log::info(&format!(
+        crate::rt::log::info(&format!(
             "{}: stopped after {done_bytes} of {} bytes ({} chunks of {} bytes moved): {e}",
             self.what(),
             self.caller.len,

@@ -121,13 +121,13 @@ pub(crate) struct StartedIn {
 impl StartedIn {
     /// This process.
     pub(crate) fn here() -> StartedIn {
-        crate::fork::install(); // so that a later fork is counted
-        StartedIn { pid: std::process::id(), fork_generation: crate::fork::fork_generation() }
+        crate::rt::fork::install(); // so that a later fork is counted
+        StartedIn { pid: std::process::id(), fork_generation: crate::rt::fork::fork_generation() }
     }
 
     /// True in the process that started the threads; false in a child.
     pub(crate) fn is_here(self) -> bool {
-        self.pid == std::process::id() && self.fork_generation == crate::fork::fork_generation()
+        self.pid == std::process::id() && self.fork_generation == crate::rt::fork::fork_generation()
     }
 }
 

@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 
-use crate::sync::{Mutex, MutexGuard};
+use crate::rt::sync::{Mutex, MutexGuard};
 
 fn quiet() -> bool {
     crate::knobs::settings().quiet
@@ -53,12 +53,12 @@ static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
 /// `SEEN`'s lock (the fork handlers installed first: see `fork.rs`).
 fn seen() -> MutexGuard<'static, Option<HashSet<String>>> {
-    crate::fork::install();
+    crate::rt::fork::install();
     SEEN.lock()
 }
 
 /// The fork handler's hook (`fork.rs`): holds `SEEN` across `fork()`.
-pub(crate) fn hold_for_fork(_: std::time::Instant) -> crate::fork::Held {
+pub(crate) fn hold_for_fork(_: std::time::Instant) -> crate::rt::fork::Held {
     Some(Box::new(SEEN.lock()))
 }
 

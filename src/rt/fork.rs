@@ -93,7 +93,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::sync::Mutex;
+use crate::rt::sync::Mutex;
 
 /// How long the prepare handler waits, in all, for the rings' tables: for
 /// their in-flight requests to complete. Only a ring stuck in I/O uses it up.
@@ -173,7 +173,7 @@ pub(crate) fn install() -> bool {
 /// of in the reverse order ([`release`]), the gate last.
 struct Holding {
     by_hook: Vec<Held>,
-    _gate: crate::sync::MutexGuard<'static, ()>,
+    _gate: crate::rt::sync::MutexGuard<'static, ()>,
 }
 
 thread_local! {

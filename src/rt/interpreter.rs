@@ -203,7 +203,7 @@ mod with_python {
         let Some(err) = INTERRUPTION.with(|kept| kept.borrow_mut().take()) else { return result };
         if let Err(e) = &result {
             if !matches!(e, crate::error::Error::Interrupted(_)) {
-                crate::log::error(&format!("{e} (and the call was interrupted)"));
+                crate::rt::log::error(&format!("{e} (and the call was interrupted)"));
             }
         }
         let text = err.to_string();
