@@ -140,9 +140,20 @@ fn file_edges() -> BTreeMap<String, BTreeSet<String>> {
 /// The layers, bottom up: a file under the first path may name only files
 /// under the paths listed beside it (its own layer's included). So the
 /// runtime infrastructure (`rt/`) never reaches up into the domain modules
-/// (it shares only `error` and `knobs`, the base every level reads).
+/// (it shares only `error` and `knobs`, the base every level reads), and
+/// GDS is three floors: the dlopen'ed libraries (`gds::shim`), the driver
+/// (`gds::driver`) on them, the transfers (`gds::transfer`) on both; the
+/// types every floor shares (`gds::error`, `gds::region`) sit below them.
 const LAYERS: &[(&str, &[&str])] = &[
     ("rt", &["rt", "error", "knobs"]),
+    ("gds::error", &["gds::error", "gds::region", "gds::shim", "error", "knobs", "rt"]),
+    ("gds::region", &["gds::region"]),
+    ("gds::shim", &["gds::shim", "gds::error", "gds::region", "error", "knobs", "rt"]),
+    ("gds::driver", &["gds::driver", "gds::shim", "gds::error", "gds::region", "error", "knobs", "rt"]),
+    (
+        "gds::transfer",
+        &["gds::transfer", "gds::driver", "gds::shim", "gds::error", "gds::region", "error", "file", "knobs", "rt"],
+    ),
 ];
 
 fn under(module: &str, prefix: &str) -> bool {

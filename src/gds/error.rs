@@ -11,9 +11,9 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::dl::LoadFailure;
-use super::region::Region;
-use super::status::cufile_op_error_name;
+use crate::gds::shim::dl::LoadFailure;
+use crate::gds::region::Region;
+use crate::gds::shim::status::cufile_op_error_name;
 use crate::knobs::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
 
 /// The two libraries GPUDirect Storage loads at run time.

@@ -16,7 +16,7 @@
 //! * [`GdsDriverGuard::run_transfer`] moves one [`GdsTransfer`].
 //!
 //! Nothing here panics or exits on a missing library, a missing GPU or a
-//! cuFile failure: libcufile and libcuda are loaded by hand (`dl.rs`; no
+//! cuFile failure: libcufile and libcuda are loaded by hand (`shim/dl.rs`; no
 //! CUDA or cuFile header or library is needed to build), every entry point
 //! catches panics, and `cuFileDriverOpen` is only called once libcuda has
 //! loaded, `cuInit` has succeeded and a device is visible (without libcuda,
@@ -27,27 +27,19 @@
 //! expanded); cuFile's log goes there too instead of `./cufile.log`; every
 //! failure is an error for the caller instead of `exit()`.
 
-mod available;
-mod catch;
-mod config;
-mod context;
-mod cuda_api;
-mod cufile_api;
-mod cufile_ops;
-mod dl;
-mod driver;
+// Three floors, bottom up (`tests/module_graph.rs` checks that none
+// names a floor above it): `shim` the dlopen'ed libraries, `driver` the
+// process-wide driver on them, `transfer` the transfers on both. `error`
+// and `region` are the types every floor shares; `guard`, `available` and
+// `op` are the handle-level API on top.
+pub(crate) mod driver;
 pub(crate) mod error;
-mod fd_handles;
+pub(crate) mod shim;
+pub(crate) mod transfer;
+
+mod available;
 mod guard;
-mod io_outcome;
-mod piece_pool;
-mod pieces;
-mod probe;
 mod region;
-mod registry;
-mod status;
-mod symbols;
-mod transfer;
 
 pub(crate) mod op;
 
@@ -55,13 +47,13 @@ pub(crate) mod op;
 // transfer), the errors and the types their fields name. The probe and the
 // environment variables reach the CLI through `crate::diag`; everything
 // else is the crate's own.
-pub use config::DriverSettings;
-pub use dl::LoadFailure;
+pub use shim::config::DriverSettings;
+pub use shim::dl::LoadFailure;
 pub use error::{CudaStatus, GdsLibrary, LoadedLibrary};
 pub(crate) use error::GdsError;
 pub use guard::{GdsDriver, GdsDriverGuard};
 pub use region::Region;
-pub use transfer::GdsTransfer;
+pub use transfer::gds_transfer::GdsTransfer;
 
 pub(crate) use available::{environment_summary, probe};
 pub(crate) use available::unavailable;

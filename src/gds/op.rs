@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 
-use super::guard::GdsDriverGuard;
-use super::transfer::GdsTransfer;
+use crate::gds::guard::GdsDriverGuard;
+use crate::gds::transfer::gds_transfer::GdsTransfer;
 use crate::engine::Engine;
 use crate::buffer::{Location, Staging};
 use crate::error::{Direction, Error, Result, TransferError};

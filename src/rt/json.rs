@@ -1,5 +1,5 @@
 //! JSON string literals for the one JSON text the core writes by hand: the
-//! private cuFile config (`gds/config.rs`). The CLI has serde_json.
+//! private cuFile config (`gds/shim/config.rs`). The CLI has serde_json.
 
 use std::fmt::Write;
 

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 pub(crate) use crate::knobs::CUFILE_ENV_PATH_JSON;
 pub(crate) use crate::knobs::GDS_MIN_IO_THRESHOLD_SIZE_KB as MIN_IO_THRESHOLD_SIZE_KB;
-use super::error::GdsError;
+use crate::gds::error::GdsError;
 use crate::error::Error;
 use crate::knobs;
 

@@ -136,7 +136,7 @@ mod tests {
         let tried: Vec<&str> = failures.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(tried, ["libdeepnvme-nonexistent-a.so.0", "/nonexistent/dir/libb.so"]);
         assert!(failures.iter().all(|f| f.is_not_found()), "{failures:?}");
-        let err = super::super::error::describe_attempts(&failures);
+        let err = crate::gds::error::describe_attempts(&failures);
         assert!(err.starts_with("not found: libdeepnvme-nonexistent-a.so.0, /nonexistent/dir/libb.so"), "{err}");
     }
 
@@ -164,7 +164,7 @@ mod tests {
         let failures = open_first(&[fake.display().to_string()]).err().expect("garbage must not load");
         std::fs::remove_dir_all(&dir).ok();
         assert!(!failures[0].is_not_found() && !failures[0].dlerror.is_empty(), "{failures:?}");
-        let err = super::super::error::describe_attempts(&failures);
+        let err = crate::gds::error::describe_attempts(&failures);
         assert!(err.starts_with("failed to load:"), "{err}");
         assert!(err.contains("libcufile.so.0"), "{err}");
     }

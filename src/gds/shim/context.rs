@@ -2,8 +2,8 @@
 //! that any thread may make current, and [`CurrentContext`], which makes
 //! one current and puts the caller's back.
 
-use super::cuda_api::{CuContext, CudaApi};
-use super::error::GdsError;
+use crate::gds::shim::cuda_api::{CuContext, CudaApi};
+use crate::gds::error::GdsError;
 
 /// A CUDA context pointer that may cross threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,18 +5,18 @@
 //! `CUFILE_ENV_PATH_JSON`, registered buffers); the calls into cuFile and
 //! the environment go through [`DriverOps`] and [`EnvAccess`], so that the
 //! open/close rules are tested without a GPU. The one real instance
-//! ([`super::cufile_ops`]) uses cuFile and the process environment.
+//! ([`crate::gds::driver::cufile_ops`]) uses cuFile and the process environment.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
 use crate::rt::sync::{Mutex, RwLock, RwLockReadGuard};
 
-use super::config::{ConfigDir, DriverSettings, CUFILE_ENV_PATH_JSON};
-use super::error::GdsError;
-use super::registry::{RegionMap, RegisterOutcome, Registrar};
+use crate::gds::shim::config::{ConfigDir, DriverSettings, CUFILE_ENV_PATH_JSON};
+use crate::gds::error::GdsError;
+use crate::gds::driver::registry::{RegionMap, RegisterOutcome, Registrar};
 
-/// The cuFile driver calls (real: [`super::cufile_ops::CuFileOps`]).
+/// The cuFile driver calls (real: [`crate::gds::driver::cufile_ops::CuFileOps`]).
 pub(crate) trait DriverOps: Registrar + Send + Sync {
     /// Everything that must hold before `cuFileDriverOpen` may be called.
     fn ready(&self) -> Result<(), GdsError>;
@@ -290,7 +290,7 @@ impl<D: DriverOps, E: EnvAccess> DriverCore<D, E> {
     }
 
     /// Opens the driver with DeepSpeed's default settings (as a first handle
-    /// would) and closes it again, unless it is open already. For [`super::available::probe`].
+    /// would) and closes it again, unless it is open already. For [`crate::gds::available::probe`].
     pub fn check_open(&self) -> Result<(), GdsError> {
         self.acquire_valid(DriverSettings::DEFAULT).map(drop)
     }

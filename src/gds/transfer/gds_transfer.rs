@@ -9,15 +9,15 @@
 
 use std::os::fd::RawFd;
 
-use super::context::{Ctx, CurrentContext};
-use super::cufile_api::CuFileHandle;
-use super::error::GdsError;
-use super::fd_handles::FdRegistrations;
-use super::io_outcome::{interpret, CallOutcome};
-use super::piece_pool;
-use super::pieces::{plan_pieces, DevicePiece};
-use super::probe::Gpu;
-use super::registry::RegionMap;
+use crate::gds::shim::context::{Ctx, CurrentContext};
+use crate::gds::shim::cufile_api::CuFileHandle;
+use crate::gds::error::GdsError;
+use crate::gds::transfer::fd_handles::FdRegistrations;
+use crate::gds::transfer::io_outcome::{interpret, CallOutcome};
+use crate::gds::transfer::piece_pool;
+use crate::gds::transfer::pieces::{plan_pieces, DevicePiece};
+use crate::gds::shim::probe::Gpu;
+use crate::gds::driver::registry::RegionMap;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{access_allows, fd_flags};
 

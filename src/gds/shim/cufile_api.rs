@@ -1,21 +1,21 @@
 //! The libcufile entry points GDS needs, resolved by hand from the loaded
-//! library (see [`super::dl`]); a failed call is a [`GdsError::CuFile`]
+//! library (see [`crate::gds::shim::dl`]); a failed call is a [`GdsError::CuFile`]
 //! with the status, the CUDA error inside it and the errno it left.
 //!
 //! Return codes are read as plain integers, never as Rust enums (see
-//! [`super::status`]). The two structures passed across are declared here
+//! [`crate::gds::shim::status`]). The two structures passed across are declared here
 //! from `cufile.h`, with their size and field offsets checked at compile
 //! time: the status pair `CUfileError_t` ([`CuFileStatus`]) and the file
 //! descriptor `CUfileDescr_t` ([`CuFileDescr`]).
 
 use std::ffi::{c_int, c_void};
 
-use super::config::{DriverSettings, MIN_IO_THRESHOLD_SIZE_KB};
-use super::cuda_api::CudaApi;
-use super::dl::{function, Library};
-use super::error::{CudaStatus, GdsError, GdsLibrary};
-use super::status::{CU_FILE_CUDA_DRIVER_ERROR, CU_FILE_DRIVER_ALREADY_OPEN, CU_FILE_SUCCESS};
-use super::symbols::need;
+use crate::gds::shim::config::{DriverSettings, MIN_IO_THRESHOLD_SIZE_KB};
+use crate::gds::shim::cuda_api::CudaApi;
+use crate::gds::shim::dl::{function, Library};
+use crate::gds::error::{CudaStatus, GdsError, GdsLibrary};
+use crate::gds::shim::status::{CU_FILE_CUDA_DRIVER_ERROR, CU_FILE_DRIVER_ALREADY_OPEN, CU_FILE_SUCCESS};
+use crate::gds::shim::symbols::need;
 
 /// `CUfileHandle_t`.
 pub(crate) type CuFileHandle = *mut c_void;

@@ -19,11 +19,11 @@
 
 use std::sync::OnceLock;
 
-use super::catch::catch_gds;
-use super::cuda_api::CudaApi;
-use super::cufile_api::CuFileApi;
-use super::dl;
-use super::error::{GdsError, GdsLibrary, LoadedLibrary};
+use crate::gds::shim::catch::catch_gds;
+use crate::gds::shim::cuda_api::CudaApi;
+use crate::gds::shim::cufile_api::CuFileApi;
+use crate::gds::shim::dl;
+use crate::gds::error::{GdsError, GdsLibrary, LoadedLibrary};
 
 pub(crate) use crate::knobs::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
 

@@ -1,13 +1,13 @@
 //! The CUDA driver API entry points GDS needs (libcuda), resolved by hand
-//! from the loaded library (see [`super::dl`]); a failed call is a
+//! from the loaded library (see [`crate::gds::shim::dl`]); a failed call is a
 //! [`GdsError::Cuda`] naming the call and the driver's status. Status codes
 //! are read as plain integers (`CUresult`), never as Rust enums.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
-use super::dl::{function, Library};
-use super::error::{CudaStatus, GdsError, GdsLibrary};
-use super::symbols::need;
+use crate::gds::shim::dl::{function, Library};
+use crate::gds::error::{CudaStatus, GdsError, GdsLibrary};
+use crate::gds::shim::symbols::need;
 
 /// `CUcontext`.
 pub(crate) type CuContext = *mut c_void;

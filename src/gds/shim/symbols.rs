@@ -1,8 +1,8 @@
 //! Entry points a library must have: the first of a symbol's names that
 //! the library exports, or a [`GdsError::MissingSymbol`] naming them all.
 
-use super::dl::{function, Library};
-use super::error::{GdsError, GdsLibrary};
+use crate::gds::shim::dl::{function, Library};
+use crate::gds::error::{GdsError, GdsLibrary};
 
 /// The first of `names` that `lib` (`library`, loaded from `path`) has, as
 /// the function pointer type `F`.

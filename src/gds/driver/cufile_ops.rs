@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::sync::OnceLock;
 
-use super::config::{site_config, temp_base, DriverSettings};
-use super::context::{Ctx, CurrentContext};
-use super::driver::{DriverCore, DriverOps, EnvAccess};
-use super::error::GdsError;
-use super::probe::{environment, Gpu};
-use super::registry::Registrar;
+use crate::gds::shim::config::{site_config, temp_base, DriverSettings};
+use crate::gds::shim::context::{Ctx, CurrentContext};
+use crate::gds::driver::lifecycle::{DriverCore, DriverOps, EnvAccess};
+use crate::gds::error::GdsError;
+use crate::gds::shim::probe::{environment, Gpu};
+use crate::gds::driver::registry::Registrar;
 use crate::rt::sync::Mutex;
 
 

@@ -18,8 +18,8 @@
 
 use std::collections::BTreeMap;
 
-use super::error::GdsError;
-use super::region::Region;
+use crate::gds::error::GdsError;
+use crate::gds::region::Region;
 
 /// The cuFile side of registration.
 pub(crate) trait Registrar {

@@ -1,7 +1,7 @@
 //! What a `cuFileRead`/`cuFileWrite` return value means ([`interpret`]):
 //! bytes moved, a call to repeat, or a failure with its errno and reason.
 
-use super::status::{cufile_op_errno, cufile_op_error_name, CUFILEOP_BASE_ERR};
+use crate::gds::shim::status::{cufile_op_errno, cufile_op_error_name, CUFILEOP_BASE_ERR};
 use crate::error::{errno_text, Direction};
 
 /// What one cuFileRead/cuFileWrite return value means.

@@ -3,7 +3,7 @@
 //! user's and the machine's own configs, failed opens, leftovers.
 
 use super::*;
-use crate::gds::registry::tests::FakeRegistrar;
+use crate::gds::driver::registry::tests::FakeRegistrar;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 

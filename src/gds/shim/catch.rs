@@ -2,7 +2,7 @@
 //! or Python runs under [`catch_gds`] or [`catch`], and a panic comes back
 //! as [`GdsError::Internal`] with its text.
 
-use super::error::GdsError;
+use crate::gds::error::GdsError;
 use crate::error::{catch_unwind_text, Result};
 
 /// Runs `f`, turning a panic into [`GdsError::Internal`] (nothing may
