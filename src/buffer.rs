@@ -15,7 +15,7 @@
 //! ownership rule's (`op/caller.rs`).
 
 use crate::error::{Error, Result};
-use crate::host_copy::parallel_copy;
+use crate::bounce::copy::parallel_copy;
 
 /// Where a buffer's bytes live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,7 +148,7 @@ pub trait Staging: Send {
 /// The one memcpy between contiguous host memory a [`BufferDesc`]
 /// describes and a bounce buffer: `min(desc.len(), bounce.len())` bytes,
 /// with the bounce path's parallel streaming copy
-/// ([`crate::host_copy`]'s `parallel_copy`: several threads when large).
+/// ([`crate::bounce::copy`]'s `parallel_copy`: several threads when large).
 /// Every `Staging` whose fallback is a plain memcpy copies through it:
 /// memory that stays put (no front end, [`BufferDesc::from_raw_parts`]'
 /// contract: this type is then the op's whole `Staging`), an owned buffer

@@ -116,7 +116,7 @@ pub(crate) const BOUNCE_READY_WAIT: std::time::Duration = std::time::Duration::f
 /// still waits for most of its time, and fewer windows would starve it.
 pub(crate) const BOUNCE_COPY_BOUND_WAIT_SHARE: u64 = 4;
 /// One piece of a host copy shared with the copy helpers
-/// (`host_copy/helpers.rs`): large enough that claiming it costs nothing
+/// (`bounce/copy/helpers.rs`): large enough that claiming it costs nothing
 /// next to copying it, small enough that a 4 MiB window has eight. Copies
 /// of two pieces or more are shared.
 pub(crate) const COPY_PIECE_BYTES: usize = 512 << 10;

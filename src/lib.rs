@@ -44,10 +44,10 @@
 //!   from movable memory runs inside the front end's hold (the GIL), on the
 //!   thread that submits or waits, never on an I/O thread; ops on shared
 //!   memory or file bytes take effect in submission order.
-//! * `bounce`: bounce buffers, sized to the op and drawn from a process-wide
-//!   budget; `host_copy`: the copies' streaming stores and threads.
-//! * `interpreter`: holding the Python interpreter's lock without naming
-//!   the front end.
+//! * `bounce`: the bounce path in one folder: buffers sized to the op and
+//!   drawn from a process-wide budget (`pool`), the copies' streaming
+//!   stores and helper threads (`copy`), blocking bounced ops streamed
+//!   through windows (`window`) and how far reads run ahead (`read_ahead`).
 //! * `pinned`: the process-wide page-locked memory manager
 //!   (`deepspeed_pin_tensor_t::shared()`), constant-time range recognition
 //!   (a page index), and
@@ -57,8 +57,7 @@
 //! * `file`: opening files as DeepSpeed does (O_DIRECT, no truncation) and
 //!   their O_DIRECT alignment.
 //! * `op`: one transfer (`cpu_op_desc_t`): `op/mod.rs` the bounce decision
-//!   and lifecycle, `op/window.rs` blocking bounced ops streamed through
-//!   bounded windows, `op/plan.rs` slice geometry, `op/checks.rs` checks and
+//!   and lifecycle, `op/plan.rs` slice geometry, `op/checks.rs` checks and
 //!   validation, `op/work.rs` the shape the handle runs and what an op touches.
 //! * `handle`: [`IoHandle`] (`deepspeed_io_handle_t` / `deepspeed_gds_handle_t`):
 //!   workers, queue, the order of ops on shared memory and file bytes,
@@ -74,14 +73,15 @@
 //!   methods are the Rust API.
 //! * [`diag`]: the one door for what the CLI asks beyond the handle API
 //!   (engines, GDS probe, page-aligned memory, the variables it names).
-//! * `error`, `log`, `json`: errors that name file, offset and errno; stderr
-//!   lines that never panic; the JSON escaper for the cuFile config.
-//! * `sync`, `fork`: the crate's locks (std's, with parking_lot's API), and
-//!   the `fork()` handlers that make every process-wide lock safe for a
-//!   child and leave no registered memory for the kernel to copy into it.
-//! * `threads`: how the core starts its threads (names, start failures as
-//!   errors, what a thread's owner does in a child of `fork()`), and the
-//!   list of them.
+//! * `error`: errors that name file, offset and errno.
+//! * `rt`: the runtime below every domain module: `rt/sync.rs` the crate's
+//!   locks (std's, with parking_lot's API), `rt/fork.rs` the `fork()`
+//!   handlers that make every process-wide lock safe for a child and leave
+//!   no registered memory for the kernel to copy into it, `rt/threads.rs`
+//!   how the core starts its threads (and the list of them),
+//!   `rt/interpreter.rs` the Python interpreter's lock without naming the
+//!   front end, `rt/log.rs` stderr lines that never panic, `rt/json.rs` the
+//!   JSON escaper for the cuFile config.
 //! * `resize_hold`: how many direct ops hold each torch-pinned tensor's
 //!   storage unresizable (the compiled front end's guard against `resize_`
 //!   freeing memory under the I/O).
@@ -102,7 +102,6 @@ mod file;
 mod handle;
 mod op;
 mod pinned;
-mod host_copy;
 mod resize_hold;
 mod rt;
 mod stats;

@@ -257,14 +257,14 @@ pub struct DirtyKib {
     pub shared: usize,
 }
 
-/// Bytes the process's copy helpers have copied so far (`host_copy/helpers.rs`).
+/// Bytes the process's copy helpers have copied so far (`bounce/copy/helpers.rs`).
 pub fn copy_helper_bytes() -> u64 {
-    crate::host_copy::helper_bytes()
+    crate::bounce::copy::helper_bytes()
 }
 
 /// How many copy helpers this process has (starting them if it has none yet).
 pub fn copy_helper_count() -> usize {
-    crate::host_copy::helper_count()
+    crate::bounce::copy::helper_count()
 }
 
 /// The name (`comm`) of each of this process's threads, from /proc/self/task.

@@ -116,7 +116,7 @@ fn child_failure(code: i32) -> &'static str {
 /// locked, bounced and async paths, every byte checked. Its exit code.
 fn child_io(dir: &Path, engine: EngineKind, round: u64) -> i32 {
     // The parent started its copy helpers before any fork: none is here, and
-    // a copy must not be handed to them (host_copy/helpers.rs).
+    // a copy must not be handed to them (bounce/copy/helpers.rs).
     if copy_helper_count() != 0 {
         return 21;
     }
@@ -348,7 +348,7 @@ fn forks_while_other_threads_hold_every_process_wide_lock_never_hang_the_child()
         assert!(*rounds > 0, "a busy thread never finished a round: {results:?}");
     }
     // The blocking read's window copies were shared with the copy helpers
-    // while the forks happened (a child copies alone: host_copy/helpers.rs).
+    // while the forks happened (a child copies alone: bounce/copy/helpers.rs).
     let helped = copy_helper_bytes() - helped_before;
     if parent_helpers > 0 {
         assert!(helped > 0, "no copy helper took a piece of a copy during the forks");

@@ -24,7 +24,7 @@ use crate::error::{Direction, Error, Result};
 use crate::file::FileTarget;
 use crate::gds::GdsDriver;
 use crate::knobs;
-use crate::op::read_ahead::ReadAheadMemory;
+use crate::bounce::read_ahead::ReadAheadMemory;
 use crate::op::work::OpMeta;
 use crate::op::OpRequest;
 use crate::pinned::PinnedMemoryManager;

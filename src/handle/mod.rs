@@ -14,7 +14,7 @@
 //! are copied out, on the submitting thread), and an op's slices start only
 //! once earlier ops on the same file bytes have run theirs (`after`). A
 //! blocking op on bounced memory larger than a window first finishes every
-//! pending op, then streams through the bounce windows (`op/window.rs`).
+//! pending op, then streams through the bounce windows (`bounce/window.rs`).
 //!
 //! A worker with an io_uring ring streams back-to-back ops (`QueuedRuns`):
 //! the slices queued behind the one it runs start in the ring's slots as

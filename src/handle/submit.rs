@@ -20,7 +20,7 @@ use crate::buffer::Location;
 use crate::error::{Direction, Result};
 use crate::knobs;
 use crate::op::checks::check_divisible;
-use crate::op::window::WindowedOp;
+use crate::bounce::window::WindowedOp;
 use crate::op::work::{OpCompletion, OpFootprint, PreparedOp};
 use crate::op::{CpuOp, Mode, OpRequest, Prepared};
 use crate::stats;

@@ -13,8 +13,8 @@ use super::latch::*;
 use super::outcome::{combine, finish_panic};
 use super::workers::*;
 use crate::error::{Error, Result};
-use crate::op::read_ahead::ReadAheadMemory;
-use crate::op::window::{ChunkRunner, Suspended, Windowed, WindowedOp};
+use crate::bounce::read_ahead::ReadAheadMemory;
+use crate::bounce::window::{ChunkRunner, Suspended, Windowed, WindowedOp};
 use crate::op::work::{OpCompletion, OpMeta, OpWork};
 
 pub(super) fn windowed_meta(op: &WindowedOp) -> OpMeta {

@@ -19,8 +19,8 @@
 //! No I/O thread ever copies to or from movable caller memory: copies run on
 //! the thread that submits (a write's bytes) or that waits (a read's), or
 //! for a blocking op, the calling thread between the windows it streams
-//! through (`window.rs`). A copy of 1 MiB or more shares its pieces with
-//! the process's copy helpers (`host_copy/helpers.rs`), but the calling
+//! through (`bounce/window.rs`). A copy of 1 MiB or more shares its pieces with
+//! the process's copy helpers (`bounce/copy/helpers.rs`), but the calling
 //! thread returns from it, and so leaves the hold, only once every piece is
 //! done: the helpers copy inside the same hold, never after it.
 //!

@@ -23,8 +23,6 @@
 pub(crate) mod caller;
 pub(crate) mod checks;
 pub(crate) mod plan;
-pub(crate) mod read_ahead;
-pub(crate) mod window;
 pub(crate) mod work;
 
 use std::sync::Arc;
@@ -34,12 +32,12 @@ use crate::buffer::{BufferDesc, HostMemcpy, Staging};
 use crate::engine::AioParams;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{FileTarget, OpenFile};
-use crate::host_copy::parallel_copy;
+use crate::bounce::copy::parallel_copy;
 use crate::pinned::{page_size, PinnedMemoryManager, RegionHold};
 use caller::{bytes, bytes_mut, CallerMemory};
 use checks::{check_file_offset, check_read_extent, describe_op, report_validation};
 use plan::{plan_op, IoSpan, OpPlan};
-use window::WindowedOp;
+use crate::bounce::window::WindowedOp;
 use work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
 
 /// A request to move one buffer, as DeepSpeed's calls make it (an `i64`
@@ -197,7 +195,7 @@ impl CpuOp {
             };
             let skew = (file_offset % page_size() as u64) as usize;
             let caller = host.then_some(CallerMemory { addr: given.0, len });
-            let window = window::window_bytes(parallelism, &params);
+            let window = crate::bounce::window::window_bytes(parallelism, &params);
             if mode == Mode::Blocking && len > window {
                 if let Some(caller) = caller {
                     let op = WindowedOp::new(direction, file, file_offset, caller, staging, skew, validate);

@@ -25,7 +25,7 @@
 //! | 3 | the retire listeners, `LISTENERS` | `engine/fixed.rs` | holds it across the fork |
 //! | 4 | the rings' tables, `TABLES` | `engine/fixed.rs` | holds it across the fork |
 //! | 5 | the pinned manager's registry | `pinned/manager.rs` (`PinnedMemoryManager::shared()`) | holds it, for writing, across the fork |
-//! | 6 | the bounce pool, `POOL` | `bounce.rs` | holds it across the fork |
+//! | 6 | the bounce pool, `POOL` | `bounce/pool.rs` | holds it across the fork |
 //! | 7 | `info_once`'s keys, `SEEN` | `log.rs` | holds it across the fork |
 //!
 //! The parent and child handlers let go of 7 to 1, in that order. Nobody
@@ -39,7 +39,7 @@
 //!   handle has locks of its own;
 //! * managers made with `PinnedMemoryManager::new()` (tests, tools): not
 //!   process-wide;
-//! * the copy helpers' pool (`host_copy/helpers.rs`: its board, and the
+//! * the copy helpers' pool (`bounce/copy/helpers.rs`: its board, and the
 //!   `STARTING` lock, under which `SEEN` may be taken when a helper cannot
 //!   start): a child never uses its parent's pool (`StartedIn`), and takes
 //!   `STARTING` only with `try_lock`;

@@ -11,7 +11,7 @@
 //! | [`Role::IoWorker`] | `deepnvme-io-N` | `handle/api.rs`, one per `intra_op_parallelism` | the handle | the handle is not made |
 //! | [`Role::Psync`] | `deepnvme-psync-N` | `engine/psync.rs`, on a psync engine's first run of several pieces | the engine | the engine runs with the helpers it has (at worst none: the calling thread alone) |
 //! | [`Role::GdsPiece`] | `deepnvme-gds-N` | `gds/transfer/piece_pool.rs`, grown to the pieces in flight | the process | the pool stops growing; with no thread at all, pieces run on the calling thread |
-//! | [`Role::Copy`] | `deepnvme-copy-N` | `host_copy/helpers.rs`, one per CPU beyond the first (at most 7), on the first copy of 1 MiB or more | the process | the pool has fewer helpers (at worst none: the calling thread copies alone) |
+//! | [`Role::Copy`] | `deepnvme-copy-N` | `bounce/copy/helpers.rs`, one per CPU beyond the first (at most 7), on the first copy of 1 MiB or more | the process | the pool has fewer helpers (at worst none: the calling thread copies alone) |
 //!
 //! These are three kinds of lifetime (a handle's, an engine's, the
 //! process's); they stay separate pools on purpose. Folding them into one
@@ -39,7 +39,7 @@
 //! * the GDS piece pool is replaced by a fresh one in a child
 //!   (`gds/transfer/piece_pool.rs`);
 //! * the copy helpers are left alone in a child: it copies on the calling
-//!   thread and never takes the pool's lock (`host_copy/helpers.rs`). A
+//!   thread and never takes the pool's lock (`bounce/copy/helpers.rs`). A
 //!   copy in the parent never waits for a helper to wake, only for pieces
 //!   a helper already took, so no copy can wait on a thread the child lacks.
 //!
@@ -64,7 +64,7 @@ pub(crate) enum Role {
     Psync,
     /// A thread of the GDS piece pool (`gds/transfer/piece_pool.rs`).
     GdsPiece,
-    /// A kept helper of large host copies (`host_copy/helpers.rs`).
+    /// A kept helper of large host copies (`bounce/copy/helpers.rs`).
     Copy,
 }
 

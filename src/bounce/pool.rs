@@ -9,7 +9,7 @@
 //! * **Budgeted.** Bounce bytes in use, process-wide, never pass
 //!   [`crate::knobs::Settings::bounce_max_bytes`]: an async op that would
 //!   pass it fails, naming [`crate::knobs::BOUNCE_MAX_MB_ENV`]. Blocking ops
-//!   stream through a few windows of bounded size (`op/window.rs`), which
+//!   stream through a few windows of bounded size (`bounce/window.rs`), which
 //!   always get their memory: at most [`crate::knobs::BOUNCE_WINDOWS_MAX`]
 //!   windows per blocking call in progress.
 

@@ -19,17 +19,17 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::caller::{bytes, bytes_mut, CallerMemory};
-use super::checks::{describe_op, report_validation};
-use super::plan::{plan_op, IoSpan, OpPlan};
+use crate::op::caller::{bytes, bytes_mut, CallerMemory};
+use crate::op::checks::{describe_op, report_validation};
+use crate::op::plan::{plan_op, IoSpan, OpPlan};
 use super::read_ahead::{ReadAhead, ReadAheadMemory};
-use super::work::OpFootprint;
+use crate::op::work::OpFootprint;
 use crate::bounce::{BounceBuffer, Purpose};
 use crate::buffer::Staging;
 use crate::engine::AioParams;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::OpenFile;
-use crate::host_copy::parallel_copy;
+use crate::bounce::copy::parallel_copy;
 use crate::knobs::{BOUNCE_WINDOWS_MAX, BOUNCE_WINDOWS_MAX_BYTES, BOUNCE_WINDOWS_MIN, BOUNCE_WINDOW_BYTES};
 use crate::pinned::page_size;
 
@@ -78,7 +78,7 @@ pub(crate) struct WindowedOp {
 }
 
 impl WindowedOp {
-    pub(super) fn new(
+    pub(crate) fn new(
         direction: Direction,
         file: OpenFile,
         file_offset: u64,
@@ -91,7 +91,7 @@ impl WindowedOp {
         WindowedOp { direction, file, file_offset, caller, staging, skew, validate, parallelism: 1, params, window: 1 }
     }
 
-    pub(super) fn with_geometry(mut self, parallelism: usize, params: AioParams, window: usize) -> WindowedOp {
+    pub(crate) fn with_geometry(mut self, parallelism: usize, params: AioParams, window: usize) -> WindowedOp {
         (self.parallelism, self.params, self.window) = (parallelism, params, window);
         self
     }
