@@ -8,7 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::api::*;
+use super::construction::*;
 use super::order::*;
 use super::outcome::finish_panic;
 use super::windowed::*;

@@ -1,14 +1,15 @@
 //! Submitting ops and waiting for them: the queue, the order of ops on
 //! shared memory and file bytes, blocking calls and `wait()`. The
 //! DeepSpeed-shaped entry points here (`submit`, `pread`/`pwrite`, the
-//! polling `*_with` pair) are crate-internal: the Rust API (`api.rs`,
-//! `scoped.rs`) is built on them, and `crate::deepspeed` exposes them.
+//! polling `*_with` pair) are crate-internal: the Rust API (`borrowed.rs`, `owned.rs`,
+//! `scoped.rs`) is built on them, and the front ends reach them through
+//! `crate::deepspeed`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::api::*;
+use super::construction::*;
 use super::device::*;
 use super::latch::*;
 use super::admission::AdmissionTurn;

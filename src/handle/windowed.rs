@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::api::IoHandle;
+use super::construction::IoHandle;
 use super::latch::*;
 use super::outcome::{combine, finish_panic};
 use super::workers::*;

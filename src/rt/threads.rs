@@ -8,7 +8,7 @@
 //!
 //! | role | name | started by | lives | when one cannot be started |
 //! |---|---|---|---|---|
-//! | [`Role::IoWorker`] | `deepnvme-io-N` | `handle/api.rs`, one per `intra_op_parallelism` | the handle | the handle is not made |
+//! | [`Role::IoWorker`] | `deepnvme-io-N` | `handle/construction.rs`, one per `intra_op_parallelism` | the handle | the handle is not made |
 //! | [`Role::Psync`] | `deepnvme-psync-N` | `engine/psync.rs`, on a psync engine's first run of several pieces | the engine | the engine runs with the helpers it has (at worst none: the calling thread alone) |
 //! | [`Role::GdsPiece`] | `deepnvme-gds-N` | `gds/transfer/piece_pool.rs`, grown to the pieces in flight | the process | the pool stops growing; with no thread at all, pieces run on the calling thread |
 //! | [`Role::Copy`] | `deepnvme-copy-N` | `bounce/copy/helpers.rs`, one per CPU beyond the first (at most 7), on the first copy of 1 MiB or more | the process | the pool has fewer helpers (at worst none: the calling thread copies alone) |

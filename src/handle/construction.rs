@@ -1,34 +1,28 @@
-//! [`IoHandle`]: its parts, its construction and drop, and the Rust API
-//! (borrowed and owned buffers, statistics, GDS registration). Its workers
-//! (`deepnvme-io-N`) are started through `rt/threads.rs`.
+//! [`IoHandle`]: its parts, its construction (`new`, `new_gds`) and its
+//! drop, and the process it belongs to. Its workers (`deepnvme-io-N`) are
+//! started through `rt/threads.rs`.
+
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Instant;
 
 use crate::rt::sync::Mutex;
 
 use super::device::*;
 use super::latch::*;
-use super::owned::*;
 use super::workers::*;
-use crate::buffer::{BufferDesc, IoBuffer, Location};
 use crate::config::HandleConfig;
 use crate::engine::choice::{self, EngineRoute, Routed};
 use crate::engine::fixed::RetireListener;
 use crate::engine::psync::PsyncEngine;
 use crate::engine::{self, Engine, EngineKind, Submitter};
-use crate::error::{Direction, Error, Result};
-use crate::file::FileTarget;
+use crate::error::{Error, Result};
 use crate::gds::GdsDriver;
 use crate::knobs;
 use crate::bounce::read_ahead::ReadAheadMemory;
-use crate::op::work::OpMeta;
-use crate::op::OpRequest;
 use crate::pinned::PinnedMemoryManager;
-use crate::stats::{self, Counters, OpRecord, Stats};
+use crate::stats::{self, Counters};
 use crate::rt::threads::{self, Role};
 
 /// A DeepNVMe I/O handle: `deepspeed_io_handle_t`, or with
@@ -236,191 +230,6 @@ impl IoHandle {
         }
         Ok(())
     }
-
-    /// The knobs the CPU path runs with (a GDS handle's CPU path has one worker).
-    pub fn config(&self) -> &HandleConfig {
-        &self.config
-    }
-
-    /// The engine this handle's workers run (files on tmpfs and ramfs may
-    /// still take psync: see [`crate::diag::FILE_ENGINE_RULE`]).
-    pub fn engine_kind(&self) -> EngineKind {
-        self.engine_kind
-    }
-
-    /// The pinned-memory manager this handle recognises (the process's).
-    pub fn manager(&self) -> &'static PinnedMemoryManager {
-        self.manager
-    }
-
-    /// `handle.is_pinned(buffer)`: declared pinned, or inside a managed region.
-    pub fn is_pinned(&self, buffer: &BufferDesc) -> bool {
-        buffer.is_host()
-            && (buffer.is_declared_pinned() || self.manager.is_managed(buffer.ptr(), buffer.len()))
-    }
-
-    /// Number of ops submitted and not yet finished by `wait()`.
-    pub fn pending_ops(&self) -> usize {
-        self.pending.lock().len()
-    }
-
-    /// A blocking parallel read of `buffer.len()` bytes at `file_offset`;
-    /// returns how many ops finished (this one and any earlier async ones).
-    pub fn read_into(
-        &self,
-        buffer: &mut [u8],
-        target: FileTarget<'_>,
-        file_offset: u64,
-    ) -> Result<usize> {
-        // SAFETY: the borrow outlives this blocking call, which returns only
-        // after every pending op (this one included) has finished.
-        let desc = unsafe { BufferDesc::from_raw_parts(buffer.as_mut_ptr(), buffer.len()) };
-        self.submit(
-            OpRequest::new(Direction::Read, target, offset_arg(file_offset)?, desc),
-            false,
-        )
-    }
-
-    /// A blocking parallel write of `buffer` at `file_offset`; returns how
-    /// many ops finished (this one and any earlier async ones).
-    pub fn write_from(
-        &self,
-        buffer: &[u8],
-        target: FileTarget<'_>,
-        file_offset: u64,
-    ) -> Result<usize> {
-        // SAFETY: as in `read_into`; a write only reads the memory.
-        let desc = unsafe { BufferDesc::from_raw_parts(buffer.as_ptr() as *mut u8, buffer.len()) };
-        self.submit(
-            OpRequest::new(Direction::Write, target, offset_arg(file_offset)?, desc),
-            false,
-        )
-    }
-
-    /// An async parallel read into `buffer`, which the op owns until `wait()`
-    /// finishes it; [`Pending::take`] then gives it back. On an error the
-    /// buffer is dropped.
-    pub fn submit_read<B: IoBuffer>(
-        &self,
-        buffer: B,
-        target: FileTarget<'_>,
-        file_offset: u64,
-    ) -> Result<Pending<B>> {
-        self.submit_owned(Direction::Read, buffer, target, file_offset)
-    }
-
-    /// An async parallel write of `buffer` (owned by the op until `wait()`
-    /// finishes it, then given back by [`Pending::take`]).
-    pub fn submit_write<B: IoBuffer>(
-        &self,
-        buffer: B,
-        target: FileTarget<'_>,
-        file_offset: u64,
-    ) -> Result<Pending<B>> {
-        self.submit_owned(Direction::Write, buffer, target, file_offset)
-    }
-
-    pub(super) fn submit_owned<B: IoBuffer>(
-        &self,
-        direction: Direction,
-        mut buffer: B,
-        target: FileTarget<'_>,
-        file_offset: u64,
-    ) -> Result<Pending<B>> {
-        let desc = buffer.io_desc();
-        let slot = Arc::new(Mutex::new(None));
-        let hold = OwnedStaging {
-            buffer: Some(buffer),
-            desc,
-            slot: slot.clone(),
-        };
-        let request = OpRequest {
-            direction,
-            target,
-            file_offset: offset_arg(file_offset)?,
-            buffer: desc,
-            staging: Some(Box::new(hold)),
-            validate: false,
-        };
-        self.submit(request, true)?;
-        Ok(Pending { slot })
-    }
-
-    pub(super) fn record(&self, meta: OpMeta, ok: bool, started: Instant) {
-        let record = OpRecord {
-            direction: meta.direction,
-            bytes: meta.bytes,
-            bounced_bytes: meta.bounced_bytes,
-            ok,
-            latency: started.elapsed(),
-        };
-        self.counters.record(&record);
-        stats::process_counters().record(&record);
-    }
-
-    /// How its workers streamed ops: (runs started while an earlier one was
-    /// unfinished, slices held back to keep the order of ops on the same
-    /// bytes).
-    #[cfg_attr(not(test), allow(dead_code))] // read by the internal tests
-    pub(crate) fn stream_counts(&self) -> (u64, u64) {
-        (
-            self.stream_tally.overlapped.load(Ordering::Relaxed),
-            self.stream_tally.held_for_order.load(Ordering::Relaxed),
-        )
-    }
-
-    /// What this handle did so far: ops, bytes, bounced bytes, failures,
-    /// latency (see [`Stats`]; [`crate::process_stats`] for the whole process).
-    pub fn stats(&self) -> Stats {
-        self.counters.snapshot()
-    }
-
-    /// GDS handles: registers a CUDA buffer with cuFile
-    /// (`pin_device_tensor`), so transfers into any part of it avoid
-    /// cuFile's bounce buffers. May block.
-    pub fn register_device_buffer(&self, buffer: &BufferDesc) -> Result<()> {
-        self.check_process()?;
-        let gds = self.gds_half()?;
-        if !matches!(buffer.location(), Location::Cuda(_)) || buffer.ptr().is_null() {
-            return Err(Error::InvalidArgument(
-                "pin_device_tensor takes a CUDA tensor".into(),
-            ));
-        }
-        gds.driver
-            .register_device_buffer(buffer.ptr() as u64, buffer.len())
-    }
-
-    /// GDS handles: deregisters the region based at `base`
-    /// (`unpin_device_tensor`); `Ok(false)` when none was registered there.
-    pub fn deregister_device_buffer(&self, base: *const u8) -> Result<bool> {
-        self.check_process()?;
-        let gds = self.gds_half()?;
-        if base.is_null() {
-            return Ok(false);
-        }
-        gds.driver.deregister_device_buffer(base as u64)
-    }
-
-    pub(super) fn gds_half(&self) -> Result<&GdsHalf> {
-        match &self.device_route {
-            DeviceRoute::Gds(g) => Ok(g),
-            DeviceRoute::GdsUnavailable(why) => Err(crate::gds::unavailable(format!(
-                "this gds_handle has no GPUDirect Storage: {why}"
-            ))),
-            DeviceRoute::Bounce => Err(crate::gds::unavailable(
-                "device tensors can only be registered through a gds_handle".into(),
-            )),
-        }
-    }
-}
-
-/// File offsets are `i64` in DeepSpeed's API; the safe calls take `u64`.
-pub(super) fn offset_arg(file_offset: u64) -> Result<i64> {
-    i64::try_from(file_offset).map_err(|_| {
-        Error::InvalidArgument(format!(
-            "file_offset {file_offset} is beyond the largest file offset"
-        ))
-    })
 }
 
 impl Drop for IoHandle {
@@ -457,3 +266,4 @@ impl Drop for IoHandle {
         }
     }
 }
+
