@@ -24,7 +24,7 @@ use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use deepnvme::pinned::{memlock_limit, page_size};
+use deepnvme::diag::{memlock_limit, page_size};
 use deepnvme::PinnedMemoryManager;
 
 mod common;

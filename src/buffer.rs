@@ -15,7 +15,7 @@
 //! ownership rule's (`op/caller.rs`).
 
 use crate::error::{Error, Result};
-use crate::host_copy::parallel_copy;
+use crate::bounce::copy::parallel_copy;
 
 /// Where a buffer's bytes live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub enum Location {
     /// Host (CPU) memory.
     Host,
     /// Memory of CUDA device `ordinal`: moved by GPUDirect Storage on a
-    /// GDS handle, else bounced through host memory by the [`Staging`] copier.
+    /// GDS handle, else bounced through host memory by the `Staging` copier.
     Cuda(i32),
     /// Memory of another device: always bounced through host memory.
     OtherDevice,
@@ -57,7 +57,7 @@ impl BufferDesc {
     /// from I/O threads and the kernel, a write op reads it from them. For a
     /// description moved to [`Location::Cuda`] or [`Location::OtherDevice`],
     /// or marked non-contiguous, the pointer is only used by the op's
-    /// [`Staging`] copier and by cuFile.
+    /// `Staging` copier and by cuFile.
     pub unsafe fn from_raw_parts(ptr: *mut u8, len: usize) -> BufferDesc {
         BufferDesc { ptr, len, location: Location::Host, contiguous: true, declared_pinned: false }
     }
@@ -77,27 +77,33 @@ impl BufferDesc {
     }
 
     /// Says whether the bytes are one dense range (true by default). A
-    /// strided buffer always bounces through its [`Staging`] copier.
+    /// strided buffer always bounces through its `Staging` copier.
     pub fn contiguous(mut self, contiguous: bool) -> BufferDesc {
         self.contiguous = contiguous;
         self
     }
 
+    /// The first byte.
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }
+    /// The length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
+    /// No bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Where the memory lives (host, CUDA, another device).
     pub fn location(&self) -> Location {
         self.location
     }
+    /// Host memory.
     pub fn is_host(&self) -> bool {
         self.location == Location::Host
     }
+    /// One contiguous run of bytes (a strided view is not).
     pub fn is_contiguous(&self) -> bool {
         self.contiguous
     }
@@ -142,7 +148,7 @@ pub trait Staging: Send {
 /// The one memcpy between contiguous host memory a [`BufferDesc`]
 /// describes and a bounce buffer: `min(desc.len(), bounce.len())` bytes,
 /// with the bounce path's parallel streaming copy
-/// ([`crate::host_copy`]'s `parallel_copy`: several threads when large).
+/// ([`crate::bounce::copy`]'s `parallel_copy`: several threads when large).
 /// Every `Staging` whose fallback is a plain memcpy copies through it:
 /// memory that stays put (no front end, [`BufferDesc::from_raw_parts`]'
 /// contract: this type is then the op's whole `Staging`), an owned buffer

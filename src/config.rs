@@ -37,17 +37,45 @@ impl Default for HandleConfig {
     }
 }
 
-impl HandleConfig {
-    /// Builds a config from the values DeepSpeed passes (C `int`s), refusing
-    /// the ones that cannot work instead of misbehaving later. DeepSpeed-
-    /// shaped, so crate-internal: [`crate::deepspeed::handle_config`] is its door.
-    pub(crate) fn from_deepspeed(
-        block_size: i64,
-        queue_depth: i64,
-        single_submit: bool,
-        overlap_events: bool,
-        intra_op_parallelism: i64,
-    ) -> Result<Self> {
+/// DeepSpeed's handle knobs as `aio_handle(...)` and `gds_handle(...)`
+/// take them (C `int`s, unchecked), passed whole from every front end (the
+/// cxx bridge, the pyo3 module) to `deepspeed::Handle` and the one-shot
+/// transfers; [`DeepSpeedKnobs::config`] checks them into a [`HandleConfig`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeepSpeedKnobs {
+    /// `block_size`.
+    pub block_size: i64,
+    /// `queue_depth`.
+    pub queue_depth: i64,
+    /// `single_submit`.
+    pub single_submit: bool,
+    /// `overlap_events`.
+    pub overlap_events: bool,
+    /// `intra_op_parallelism` (1 for the one-shot `aio_read`/`aio_write`).
+    pub intra_op_parallelism: i64,
+    /// A `gds_handle` (CUDA tensors go through cuFile) rather than an `aio_handle`.
+    pub use_gds: bool,
+}
+
+impl Default for DeepSpeedKnobs {
+    /// `aio_handle()`'s defaults.
+    fn default() -> Self {
+        DeepSpeedKnobs {
+            block_size: knobs::DEFAULT_BLOCK_SIZE as i64,
+            queue_depth: knobs::DEFAULT_QUEUE_DEPTH as i64,
+            single_submit: knobs::DEFAULT_SINGLE_SUBMIT,
+            overlap_events: knobs::DEFAULT_OVERLAP_EVENTS,
+            intra_op_parallelism: knobs::DEFAULT_INTRA_OP_PARALLELISM as i64,
+            use_gds: false,
+        }
+    }
+}
+
+impl DeepSpeedKnobs {
+    /// The handle's config, refusing values that cannot work (not positive,
+    /// above a limit) as an `InvalidArgument` now rather than a misbehaving
+    /// handle later.
+    pub fn config(&self) -> Result<HandleConfig> {
         let positive = |name: &str, v: i64| -> Result<usize> {
             if v <= 0 {
                 Err(Error::InvalidArgument(format!("{name} must be positive, got {v}")))
@@ -56,17 +84,20 @@ impl HandleConfig {
             }
         };
         let cfg = HandleConfig {
-            block_size: positive("block_size", block_size)?,
-            queue_depth: positive("queue_depth", queue_depth)?,
-            single_submit,
-            overlap_events,
-            intra_op_parallelism: positive("intra_op_parallelism", intra_op_parallelism)?,
+            block_size: positive("block_size", self.block_size)?,
+            queue_depth: positive("queue_depth", self.queue_depth)?,
+            single_submit: self.single_submit,
+            overlap_events: self.overlap_events,
+            intra_op_parallelism: positive("intra_op_parallelism", self.intra_op_parallelism)?,
             engine: None,
         };
         cfg.validate()?;
         Ok(cfg)
     }
+}
 
+impl HandleConfig {
+    /// Refuses knobs that cannot work (zero, above a limit), naming the knob.
     pub fn validate(&self) -> Result<()> {
         if self.block_size == 0 || self.queue_depth == 0 || self.intra_op_parallelism == 0 {
             return Err(Error::InvalidArgument(format!(
@@ -95,6 +126,7 @@ impl HandleConfig {
         self.intra_op_parallelism * knobs::DEEPSPEED_ALIGNMENT_UNIT
     }
 
+    /// The knobs an engine run needs.
     pub fn aio_params(&self) -> crate::engine::AioParams {
         crate::engine::AioParams {
             block_size: self.block_size,

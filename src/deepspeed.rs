@@ -14,12 +14,9 @@
 //!   before the first write, and **the elapsed-time line** `read`/`write`
 //!   print on stdout.
 //! * **Module functions**: one-shot `aio_read`/`aio_write`, the checked
-//!   `deepspeed_memcpy`, the pinned manager's entry points, and
-//!   `handle_config` (`aio_handle`'s C `int` values checked into a `HandleConfig`).
-//! * **[`calls`]**: DeepSpeed's handle calls on a core `IoHandle`
-//!   (`pread`/`pwrite` with an `i64` offset and an `async` flag, whole
-//!   requests, polling waits, `read`/`write`), with the core's errors. They
-//!   are the only public way to them: `IoHandle`'s own API is Rust-shaped.
+//!   `deepspeed_memcpy`, the pinned manager's entry points.
+//! * **The handle's knobs** arrive whole, as a `DeepSpeedKnobs`
+//!   (`config.rs`), from every front end.
 //!
 //! Nothing here panics into a caller: front ends call these under their own
 //! `catch_unwind`, and these never unwind on their own.
@@ -27,7 +24,7 @@
 use std::time::Instant;
 
 use crate::buffer::BufferDesc;
-use crate::config::HandleConfig;
+use crate::config::DeepSpeedKnobs;
 use crate::error::{Direction, Error, Result};
 use crate::file::FileTarget;
 use crate::handle::IoHandle;
@@ -63,12 +60,12 @@ impl TensorDesc {
 /// raise when the call returns, and comes back as [`Error::Interrupted`].
 /// Ok without Python.
 pub fn check_signals() -> Result<()> {
-    crate::interpreter::check_signals()
+    crate::rt::interpreter::check_signals()
 }
 
 /// Runs a call that blocks on I/O (or on a handle's lock) without the GIL.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    crate::interpreter::without_gil(f)
+    crate::rt::interpreter::without_gil(f)
 }
 
 /// Requests DeepSpeed answers with -1: print why, return -1. Anything else
@@ -76,8 +73,8 @@ pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
 pub fn code(result: Result<usize>) -> Result<i32> {
     match result {
         Ok(n) => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
-        Err(e @ (Error::File { .. } | Error::InvalidArgument(_))) => {
-            crate::log::error(&e.to_string());
+        Err(e @ (Error::File { .. } | Error::InvalidArgument(_) | Error::BounceBudget { .. })) => {
+            crate::rt::log::error(&e.to_string());
             Ok(-1)
         }
         Err(other) => Err(other),
@@ -110,8 +107,8 @@ pub struct Request<'a> {
     pub target: Target<'a>,
     pub file_offset: i64,
     pub tensor: TensorDesc,
-    /// The front end's copier and hold on the tensor (see [`crate::Staging`]).
-    pub staging: Option<Box<dyn crate::Staging>>,
+    /// The front end's copier and hold on the tensor (see [`crate::buffer::Staging`]).
+    pub staging: Option<Box<dyn crate::buffer::Staging>>,
     pub validate: bool,
 }
 
@@ -128,20 +125,6 @@ impl<'a> Request<'a> {
     }
 }
 
-/// The config of `aio_handle(block_size, queue_depth, single_submit,
-/// overlap_events, intra_op_parallelism)` from DeepSpeed's values (C
-/// `int`s): a value that cannot work (not positive, above a limit) is an
-/// `InvalidArgument` now rather than a misbehaving handle later.
-pub fn handle_config(
-    block_size: i64,
-    queue_depth: i64,
-    single_submit: bool,
-    overlap_events: bool,
-    intra_op_parallelism: i64,
-) -> Result<HandleConfig> {
-    HandleConfig::from_deepspeed(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)
-}
-
 /// `deepspeed_io_handle_t` (aio) or `deepspeed_gds_handle_t` as DeepSpeed's
 /// Python API sees it.
 pub struct Handle {
@@ -152,23 +135,10 @@ impl Handle {
     /// `aio_handle(block_size, queue_depth, single_submit, overlap_events,
     /// intra_op_parallelism)`, or `gds_handle(...)` with `use_gds`. Bad knobs
     /// and a missing GDS raise.
-    pub fn new(
-        block_size: i64,
-        queue_depth: i64,
-        single_submit: bool,
-        overlap_events: bool,
-        intra_op_parallelism: i64,
-        use_gds: bool,
-    ) -> Result<Handle> {
-        let config =
-            HandleConfig::from_deepspeed(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)?;
-        let core = if use_gds { blocking(|| IoHandle::new_gds(config))? } else { IoHandle::new(config)? };
+    pub fn new(knobs: &DeepSpeedKnobs) -> Result<Handle> {
+        let config = knobs.config()?;
+        let core = if knobs.use_gds { blocking(|| IoHandle::new_gds(config))? } else { IoHandle::new(config)? };
         Ok(Handle { core })
-    }
-
-    /// The core handle.
-    pub fn core(&self) -> &IoHandle {
-        &self.core
     }
 
     /// `get_alignment()`: the CPU path's parallelism times 512.
@@ -187,7 +157,7 @@ impl Handle {
                 blocking(|| self.core.submit(op, true))
             } else {
                 blocking(|| {
-                    crate::interpreter::raise_kept_interruption(self.core.submit_blocking_with(
+                    crate::rt::interpreter::raise_kept_interruption(self.core.submit_blocking_with(
                         op,
                         false,
                         SIGNAL_POLL_INTERVAL,
@@ -218,7 +188,7 @@ impl Handle {
     /// it with KeyboardInterrupt at once (the ops stay pending, their
     /// buffers held, for the next wait or the handle's drop).
     pub fn wait(&self) -> Result<i32> {
-        blocking(|| crate::interpreter::raise_kept_interruption(self.core.wait_with(SIGNAL_POLL_INTERVAL, &mut check_signals)))
+        blocking(|| crate::rt::interpreter::raise_kept_interruption(self.core.wait_with(SIGNAL_POLL_INTERVAL, &mut check_signals)))
             .map(|n| i32::try_from(n).unwrap_or(i32::MAX))
     }
 
@@ -251,23 +221,18 @@ impl Drop for Handle {
     fn drop(&mut self) {
         if self.core.pending_ops() > 0 {
             if let Err(e) = blocking(|| self.core.wait()) {
-                crate::log::error(&format!("handle dropped with ops in flight; finishing them failed: {e}"));
+                crate::rt::log::error(&format!("handle dropped with ops in flight; finishing them failed: {e}"));
             }
         }
     }
 }
 
 /// `aio_read`/`aio_write`: a one-shot whole-buffer transfer on the calling
-/// thread with the given knobs; 0, or -1. No handle (no worker threads) is
-/// made: the calling thread's cached engine moves the bytes.
-pub fn one_shot(
-    request: Request<'_>,
-    block_size: i64,
-    queue_depth: i64,
-    single_submit: bool,
-    overlap_events: bool,
-) -> Result<i32> {
-    let config = match HandleConfig::from_deepspeed(block_size, queue_depth, single_submit, overlap_events, 1) {
+/// thread with the given knobs (their parallelism is 1, whatever `knobs`
+/// says); 0, or -1. No handle (no worker threads) is made: the calling
+/// thread's cached engine moves the bytes.
+pub fn one_shot(request: Request<'_>, knobs: &DeepSpeedKnobs) -> Result<i32> {
+    let config = match (DeepSpeedKnobs { intra_op_parallelism: 1, use_gds: false, ..*knobs }).config() {
         Ok(c) => c,
         Err(e) => return code(Err(e)),
     };
@@ -285,7 +250,7 @@ pub fn one_shot(
 /// DeepSpeed's `read`/`write` print this on stdout.
 fn elapsed_line(start: Instant) {
     let usec = start.elapsed().as_secs_f64() * 1e6;
-    crate::log::stdout_line(&format!("Elapsed time(usec): aio = {usec:.0} call = {usec:.0}"));
+    crate::rt::log::stdout_line(&format!("Elapsed time(usec): aio = {usec:.0} call = {usec:.0}"));
 }
 
 /// `deepspeed_memcpy(dest, src)`: copies `dest.size(0)` 4-byte elements,
@@ -315,13 +280,6 @@ pub fn memcpy_f32(dest: &TensorDesc, src: &TensorDesc) -> Result<i32> {
     // contract, and the checks above); copy handles overlap like memmove.
     unsafe { std::ptr::copy(src.buffer.ptr() as *const u8, dest.buffer.ptr(), bytes) };
     Ok(0)
-}
-
-/// `deepspeed_pin_tensor_t::alloc`: the base of `num_elem * element_size`
-/// new bytes of locked memory.
-pub fn pinned_alloc(num_elem: i64, element_size: usize) -> Result<usize> {
-    let bytes = locked_bytes(num_elem, element_size)?;
-    blocking(|| PinnedMemoryManager::shared().alloc(bytes)).map(|p| p.as_ptr() as usize)
 }
 
 /// `new_cpu_locked_tensor` for a front end whose tensor owns its memory:
@@ -364,7 +322,7 @@ pub fn pinned_free_tensor(tensor: &TensorDesc) -> bool {
     match manager.region_of(ptr as *const u8) {
         Some((base, bytes)) if base == ptr && bytes == len => manager.free(ptr as *const u8),
         Some((base, bytes)) if base == ptr => {
-            crate::log::info(&format!(
+            crate::rt::log::info(&format!(
                 "free_cpu_locked_tensor: refused: the tensor is {len} bytes at {ptr:#x}, a view of the {bytes}-byte                  locked allocation there; free the tensor that new_cpu_locked_tensor returned (nothing was freed)"
             ));
             false
@@ -377,85 +335,6 @@ pub fn pinned_free_tensor(tensor: &TensorDesc) -> bool {
 pub fn pinned_is_managed(tensor: &TensorDesc) -> bool {
     let b = tensor.buffer;
     b.is_host() && tensor.has_storage && PinnedMemoryManager::shared().is_managed(b.ptr(), b.len())
-}
-
-/// DeepSpeed's handle calls on a core [`IoHandle`], with the core's own
-/// errors: what [`Handle`] runs beneath its return codes, write warning and
-/// GIL release. They take what DeepSpeed's calls take (a raw [`BufferDesc`]
-/// whose contract holds until the op is finished, an `i64` offset, `async`
-/// as a flag); `IoHandle` itself offers only the Rust API (`read_into`,
-/// `write_from`, `scope`, `submit_read`/`submit_write`, `wait`), so this is
-/// the one public door to these semantics, for front ends and their tests.
-pub mod calls {
-    use std::time::Duration;
-
-    use crate::buffer::BufferDesc;
-    use crate::config::HandleConfig;
-    use crate::error::Result;
-    use crate::file::FileTarget;
-    use crate::handle::IoHandle;
-    use crate::op::OpRequest;
-
-    /// `pread(buffer, target, file_offset, async)`: a parallel read, async
-    /// (returns 0) or blocking (returns how many ops finished: this one and
-    /// every earlier pending one).
-    pub fn pread(
-        handle: &IoHandle,
-        buffer: BufferDesc,
-        target: FileTarget<'_>,
-        file_offset: i64,
-        is_async: bool,
-    ) -> Result<usize> {
-        handle.pread(buffer, target, file_offset, is_async)
-    }
-
-    /// `pwrite(buffer, target, file_offset, async)`: as [`pread`], writing.
-    pub fn pwrite(
-        handle: &IoHandle,
-        buffer: BufferDesc,
-        target: FileTarget<'_>,
-        file_offset: i64,
-        is_async: bool,
-    ) -> Result<usize> {
-        handle.pwrite(buffer, target, file_offset, is_async)
-    }
-
-    /// `pread`/`pwrite`/`async_*`/`sync_*` with a whole request (a front
-    /// end's staging, `validate`): 0 when async, else the ops finished.
-    pub fn submit(handle: &IoHandle, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
-        handle.submit(request, is_async)
-    }
-
-    /// [`submit`], a blocking one waiting in steps of `poll` and calling
-    /// `between` after each (the front ends run signal handlers there). An
-    /// error from `between` ends the wait with the ops left pending, their
-    /// buffers held, for a later `wait()`.
-    pub fn submit_polling(
-        handle: &IoHandle,
-        request: OpRequest<'_>,
-        is_async: bool,
-        poll: Duration,
-        between: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<usize> {
-        handle.submit_blocking_with(request, is_async, poll, between)
-    }
-
-    /// `wait()` in steps of `poll`, calling `between` after each; see [`submit_polling`].
-    pub fn wait_polling(handle: &IoHandle, poll: Duration, between: &mut dyn FnMut() -> Result<()>) -> Result<usize> {
-        handle.wait_with(poll, between)
-    }
-
-    /// `read`/`write`: one synchronous, unsplit transfer on the calling
-    /// thread, after the pending ops it shares memory or file bytes with.
-    pub fn transfer_inline(handle: &IoHandle, request: OpRequest<'_>) -> Result<()> {
-        handle.transfer_inline(request)
-    }
-
-    /// `aio_read`/`aio_write`: one unsplit transfer on the calling thread
-    /// with `config`'s parameters, without a handle (no worker threads).
-    pub fn transfer_once(config: &HandleConfig, request: OpRequest<'_>) -> Result<()> {
-        IoHandle::transfer_once(config, request)
-    }
 }
 
 /// DeepSpeed's one-time warning that heavy NVMe offload wears out consumer
@@ -478,8 +357,8 @@ pub mod write_warning {
         if EMITTED.swap(true, Ordering::AcqRel) {
             return;
         }
-        if !crate::interpreter::emit_write_warning(MESSAGE) {
-            crate::log::info(MESSAGE);
+        if !crate::rt::interpreter::emit_write_warning(MESSAGE) {
+            crate::rt::log::info(MESSAGE);
         }
     }
 }

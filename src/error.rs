@@ -18,6 +18,7 @@ pub enum Direction {
 }
 
 impl Direction {
+    /// `read` or `write`, for messages.
     pub fn verb(self) -> &'static str {
         match self {
             Direction::Read => "read",
@@ -28,12 +29,17 @@ impl Direction {
 
 /// What a failed transfer was doing: enough to find the bad bytes again.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TransferError {
+    /// Which way the bytes were going.
     pub direction: Direction,
     /// The file, where the op knows it (an op on a caller's fd has none).
     pub path: Option<PathBuf>,
+    /// The descriptor the transfer used.
     pub fd: i32,
+    /// Where in the file the failed bytes start.
     pub file_offset: u64,
+    /// How many bytes the failed transfer asked for.
     pub len: usize,
     /// A positive errno. `ENODATA` marks an unexpected end of file.
     pub errno: i32,
@@ -42,6 +48,7 @@ pub struct TransferError {
 }
 
 impl TransferError {
+    /// The same error naming `path`, unless it already names one.
     pub fn with_path(mut self, path: Option<PathBuf>) -> Self {
         if self.path.is_none() {
             self.path = path;
@@ -75,25 +82,82 @@ impl fmt::Display for TransferError {
 
 /// The error type of the whole core.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Error {
     /// A transfer (or part of one) failed.
     Transfer(TransferError),
     /// Opening, stat-ing or re-opening a file failed.
-    File { path: PathBuf, action: &'static str, source: io::Error },
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What was being done ("open", "stat", ...).
+        action: &'static str,
+        /// The system's error.
+        source: io::Error,
+    },
     /// Locking memory failed; carries the size and the RLIMIT_MEMLOCK values.
-    Lock { bytes: usize, errno: i32, limit_soft: u64, limit_hard: u64 },
+    Lock {
+        /// How many bytes were to be locked.
+        bytes: usize,
+        /// `mlock`'s errno.
+        errno: i32,
+        /// RLIMIT_MEMLOCK's soft limit, in bytes.
+        limit_soft: u64,
+        /// RLIMIT_MEMLOCK's hard limit, in bytes.
+        limit_hard: u64,
+    },
     /// Allocating memory failed.
-    Alloc { bytes: usize, source: io::Error },
+    Alloc {
+        /// How many bytes were asked for.
+        bytes: usize,
+        /// The system's error.
+        source: io::Error,
+    },
     /// The request is not valid (sizes, offsets, knobs).
     InvalidArgument(String),
+    /// An async op on memory that must bounce would take the process's
+    /// bounce memory past its budget (`DEEPNVME_BOUNCE_MAX_MB`).
+    BounceBudget {
+        /// The op ("pwrite of 4096 bytes at offset 0 of /x").
+        op: String,
+        /// Bytes its bounce buffer needs.
+        needed: usize,
+        /// Bytes held by ops not yet finished.
+        in_use: usize,
+        /// The budget, in bytes.
+        budget: usize,
+    },
     /// An engine (io_uring, threads) could not be set up.
     Engine(String),
     /// A copy between a caller buffer and a bounce buffer failed (torch glue).
     Copy(String),
+    /// A tensor's storage was replaced (`set_`, `resize_`, `.data =`) or
+    /// freed while its op was in flight: nothing was copied into or out of it.
+    StorageReplaced {
+        /// The op.
+        op: String,
+        /// The address and length the op was given.
+        given: (usize, usize),
+        /// The address and length the tensor has now.
+        now: (usize, usize),
+    },
+    /// A panic caught at a front end's boundary (a bug): nothing unwinds
+    /// into C++ or Python.
+    Internal {
+        /// The call that panicked.
+        call: String,
+        /// The panic's message.
+        panic: String,
+    },
     /// GPUDirect Storage (cuFile/CUDA) failure or absence.
     Gds(GdsError),
     /// Several ops failed in one `wait()`; the first is shown, the rest counted.
-    Many { first: Box<Error>, more: usize },
+    Many {
+        /// The first failure.
+        first: Box<Error>,
+        /// How many more ops failed.
+        more: usize,
+    },
     /// A blocking call gave up waiting because a signal handler raised
     /// (Ctrl-C: KeyboardInterrupt). The ops stay pending in the handle, with
     /// their buffers held; the next `wait()` (or the handle's drop) finishes
@@ -101,6 +165,7 @@ pub enum Error {
     Interrupted(String),
 }
 
+/// The core's result: [`Error`] names file, offset and errno.
 pub type Result<T> = std::result::Result<T, Error>;
 
 #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
@@ -130,8 +195,23 @@ impl fmt::Display for Error {
             ),
             Error::Alloc { bytes, source } => write!(f, "allocating {bytes} bytes failed: {source}"),
             Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
+            Error::BounceBudget { op, needed, in_use, budget } => write!(
+                f,
+                "invalid argument: {op}: bouncing it needs {needed} bytes of host memory, and {in_use} of the {budget} \
+                 bytes that bounce buffers may use are in use by ops not yet finished; wait() for earlier ops, use \
+                 locked memory (new_cpu_locked_tensor, pin_memory()), or raise {} (MiB)",
+                crate::knobs::BOUNCE_MAX_MB_ENV
+            ),
             Error::Engine(m) => write!(f, "I/O engine: {m}"),
             Error::Copy(m) => write!(f, "buffer copy failed: {m}"),
+            Error::StorageReplaced { op, given, now } => write!(
+                f,
+                "buffer copy failed: {op}: the tensor had its storage replaced while the op was in flight (set_, \
+                 resize_ or .data =): it was {} bytes at {:#x}, it is now {} bytes at {:#x}; no byte was copied to \
+                 or from its new memory",
+                given.1, given.0, now.1, now.0
+            ),
+            Error::Internal { call, panic } => write!(f, "I/O engine: internal error in {call}: {panic}"),
             Error::Gds(m) => write!(f, "GPUDirect Storage: {m}"),
             Error::Many { first, more } => write!(f, "{first} (and {more} more failed ops)"),
             Error::Interrupted(m) => write!(f, "interrupted: {m}"),
@@ -188,14 +268,42 @@ pub(crate) fn catch_unwind_text<T>(f: impl FnOnce() -> T) -> std::result::Result
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| panic_text(&*payload))
 }
 
-/// Runs `f`, turning a panic into `Error::Engine("internal error in
-/// {what}: ...")`: nothing may unwind into C++ or Python.
+/// Runs `f`, turning a panic into [`Error::Internal`]: nothing may unwind
+/// into C++ or Python.
 #[cfg_attr(not(feature = "ffi"), allow(dead_code))]
 pub(crate) fn catch_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    catch_unwind_text(f).unwrap_or_else(|text| Err(Error::Engine(format!("internal error in {what}: {text}"))))
+    catch_unwind_text(f).unwrap_or_else(|panic| Err(Error::Internal { call: what.to_string(), panic }))
 }
 
 /// The calling thread's errno.
 pub(crate) fn last_errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    /// The typed variants print what their strings printed before, word for
+    /// word: users and the Python suite match on these messages.
+    #[test]
+    fn typed_variants_keep_their_messages() {
+        let e = Error::StorageReplaced { op: "read of 8 bytes".into(), given: (0x1000, 8), now: (0x2000, 16) };
+        assert_eq!(
+            e.to_string(),
+            "buffer copy failed: read of 8 bytes: the tensor had its storage replaced while the op was in flight \
+             (set_, resize_ or .data =): it was 8 bytes at 0x1000, it is now 16 bytes at 0x2000; no byte was \
+             copied to or from its new memory"
+        );
+        let e = Error::BounceBudget { op: "write x".into(), needed: 4096, in_use: 8192, budget: 10000 };
+        assert_eq!(
+            e.to_string(),
+            "invalid argument: write x: bouncing it needs 4096 bytes of host memory, and 8192 of the 10000 bytes \
+             that bounce buffers may use are in use by ops not yet finished; wait() for earlier ops, use locked \
+             memory (new_cpu_locked_tensor, pin_memory()), or raise DEEPNVME_BOUNCE_MAX_MB (MiB)"
+        );
+        let e = super::catch_panic("pread", || -> super::Result<()> { panic!("boom") }).unwrap_err();
+        assert!(matches!(&e, Error::Internal { call, panic } if call == "pread" && panic == "boom"), "{e:?}");
+        assert_eq!(e.to_string(), "I/O engine: internal error in pread: boom");
+    }
 }

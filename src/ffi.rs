@@ -19,13 +19,39 @@ use std::path::Path;
 use cxx::UniquePtr;
 
 use crate::buffer::{BufferDesc, Location, Staging};
+use crate::config::DeepSpeedKnobs;
 use crate::deepspeed::{self, Handle, Request, Target, TensorDesc};
 use crate::error::{catch_panic, Direction, Error};
 use crate::resize_hold::{ResizableStorage, ResizeHold};
 
 #[cxx::bridge(namespace = "deepnvme::ffi")]
-#[allow(clippy::too_many_arguments)] // DeepSpeed's signatures, flattened
 pub mod bridge {
+    /// DeepSpeed's handle knobs, whole, as the C++ classes were given them.
+    #[derive(Debug, Clone, Copy)]
+    struct HandleKnobs {
+        block_size: i32,
+        queue_depth: i32,
+        single_submit: bool,
+        overlap_events: bool,
+        intra_op_parallelism: i32,
+        /// A `gds_handle` (CUDA tensors through cuFile).
+        use_gds: bool,
+    }
+
+    /// Where and how one op goes: all of a DeepSpeed call but the tensor
+    /// and the file name.
+    #[derive(Debug, Clone, Copy)]
+    struct OpPlace {
+        read: bool,
+        /// `fd` names the file (`async_pwrite(buffer, fd)`), not the file name.
+        use_fd: bool,
+        fd: i32,
+        validate: bool,
+        /// Async (`pread(..., async=True)`, `async_*`) rather than blocking.
+        is_async: bool,
+        file_offset: i64,
+    }
+
     /// What the torch glue learned about a tensor.
     #[derive(Debug, Clone, Copy)]
     struct TensorInfo {
@@ -71,14 +97,7 @@ pub mod bridge {
         /// A DeepNVMe handle (aio or, with `gds`, the CPU half of a GDS handle).
         type IoHandle;
 
-        fn new_io_handle(
-            block_size: i32,
-            queue_depth: i32,
-            single_submit: bool,
-            overlap_events: bool,
-            intra_op_parallelism: i32,
-            use_gds: bool,
-        ) -> Result<Box<IoHandle>>;
+        fn new_io_handle(knobs: &HandleKnobs) -> Result<Box<IoHandle>>;
 
         /// `get_alignment()`: the CPU path's parallelism times 512.
         fn alignment(self: &IoHandle) -> i32;
@@ -87,26 +106,19 @@ pub mod bridge {
         /// completed (sync), or -1 for a request DeepSpeed refuses.
         fn submit(
             self: &IoHandle,
-            read: bool,
             op: UniquePtr<io_op_desc_t>,
             info: &TensorInfo,
             filename: &[u8],
-            use_fd: bool,
-            fd: i32,
-            validate: bool,
-            is_async: bool,
-            file_offset: i64,
+            place: &OpPlace,
         ) -> Result<i32>;
 
         /// read/write: one unsplit synchronous transfer; 0, or -1.
         fn transfer_inline(
             self: &IoHandle,
-            read: bool,
             op: UniquePtr<io_op_desc_t>,
             info: &TensorInfo,
             filename: &[u8],
-            validate: bool,
-            file_offset: i64,
+            place: &OpPlace,
         ) -> Result<i32>;
 
         fn wait(self: &IoHandle) -> Result<i32>;
@@ -120,15 +132,11 @@ pub mod bridge {
         /// `aio_read`/`aio_write`: a one-shot whole-buffer transfer with a
         /// fresh single-worker handle; 0, or -1.
         fn one_shot_transfer(
-            read: bool,
             op: UniquePtr<io_op_desc_t>,
             info: &TensorInfo,
             filename: &[u8],
-            block_size: i32,
-            queue_depth: i32,
-            single_submit: bool,
-            overlap_events: bool,
-            validate: bool,
+            knobs: &HandleKnobs,
+            place: &OpPlace,
         ) -> Result<i32>;
 
         /// `deepspeed_memcpy`: copies `dest.size(0)` 4-byte elements.
@@ -190,13 +198,13 @@ impl Staging for TorchStaging {
     // Python thread can resize or free the tensor meanwhile (the ownership rule).
     fn copy_to_bounce(&mut self, bounce: &mut [u8]) -> crate::Result<()> {
         let op = &self.op;
-        crate::interpreter::with_interpreter_lock(|| {
+        crate::rt::interpreter::with_interpreter_lock(|| {
             op.copy_to_host(bounce.as_mut_ptr() as usize, bounce.len()).map_err(|e| Error::Copy(e.to_string()))
         })
     }
     fn copy_from_bounce(&mut self, bounce: &[u8]) -> crate::Result<()> {
         let op = &self.op;
-        crate::interpreter::with_interpreter_lock(|| {
+        crate::rt::interpreter::with_interpreter_lock(|| {
             op.copy_from_host(bounce.as_ptr() as usize, bounce.len()).map_err(|e| Error::Copy(e.to_string()))
         })
     }
@@ -206,7 +214,7 @@ impl Staging for TorchStaging {
     /// Under the GIL: Python code can then neither free nor swap the
     /// tensor's storage (`resize_`, `set_`, `del`).
     fn hold_still(&self, access: &mut dyn FnMut() -> crate::Result<()>) -> crate::Result<()> {
-        crate::interpreter::with_interpreter_lock(access)
+        crate::rt::interpreter::with_interpreter_lock(access)
     }
 }
 
@@ -257,15 +265,32 @@ fn direction(read: bool) -> Direction {
 }
 
 fn request<'a>(
-    read: bool,
     op: UniquePtr<bridge::io_op_desc_t>,
     info: &bridge::TensorInfo,
     target: Target<'a>,
-    validate: bool,
-    file_offset: i64,
+    place: &bridge::OpPlace,
 ) -> Request<'a> {
     let staging = staging(op, info);
-    Request { direction: direction(read), target, file_offset, tensor: tensor(info), staging, validate }
+    Request {
+        direction: direction(place.read),
+        target,
+        file_offset: place.file_offset,
+        tensor: tensor(info),
+        staging,
+        validate: place.validate,
+    }
+}
+
+/// The core's knobs from the C++ class's.
+fn knobs(k: &bridge::HandleKnobs) -> DeepSpeedKnobs {
+    DeepSpeedKnobs {
+        block_size: k.block_size.into(),
+        queue_depth: k.queue_depth.into(),
+        single_submit: k.single_submit,
+        overlap_events: k.overlap_events,
+        intra_op_parallelism: k.intra_op_parallelism.into(),
+        use_gds: k.use_gds,
+    }
 }
 
 /// For entry points that answer with a value instead of an error.
@@ -276,18 +301,8 @@ fn or_default<T: Default>(f: impl FnOnce() -> T) -> T {
 /// The handle behind `deepspeed_io_handle_t` / `deepspeed_gds_handle_t`.
 pub struct IoHandle(Handle);
 
-fn new_io_handle(
-    block_size: i32,
-    queue_depth: i32,
-    single_submit: bool,
-    overlap_events: bool,
-    intra_op_parallelism: i32,
-    use_gds: bool,
-) -> Result<Box<IoHandle>, Error> {
-    catch_panic("aio_handle()", || {
-        let (b, q, p) = (block_size.into(), queue_depth.into(), intra_op_parallelism.into());
-        Handle::new(b, q, single_submit, overlap_events, p, use_gds).map(|h| Box::new(IoHandle(h)))
-    })
+fn new_io_handle(k: &bridge::HandleKnobs) -> Result<Box<IoHandle>, Error> {
+    catch_panic("aio_handle()", || Handle::new(&knobs(k)).map(|h| Box::new(IoHandle(h))))
 }
 
 impl IoHandle {
@@ -295,37 +310,28 @@ impl IoHandle {
         self.0.alignment()
     }
 
-    #[allow(clippy::too_many_arguments)] // DeepSpeed's signature, flattened
     fn submit(
         &self,
-        read: bool,
         op: UniquePtr<bridge::io_op_desc_t>,
         info: &bridge::TensorInfo,
         filename: &[u8],
-        use_fd: bool,
-        fd: i32,
-        validate: bool,
-        is_async: bool,
-        file_offset: i64,
+        place: &bridge::OpPlace,
     ) -> Result<i32, Error> {
-        catch_panic(if read { "pread" } else { "pwrite" }, || {
-            let target = if use_fd { Target::Fd(fd) } else { Target::Path(path_of(filename)) };
-            self.0.submit(request(read, op, info, target, validate, file_offset), is_async)
+        catch_panic(if place.read { "pread" } else { "pwrite" }, || {
+            let target = if place.use_fd { Target::Fd(place.fd) } else { Target::Path(path_of(filename)) };
+            self.0.submit(request(op, info, target, place), place.is_async)
         })
     }
 
     fn transfer_inline(
         &self,
-        read: bool,
         op: UniquePtr<bridge::io_op_desc_t>,
         info: &bridge::TensorInfo,
         filename: &[u8],
-        validate: bool,
-        file_offset: i64,
+        place: &bridge::OpPlace,
     ) -> Result<i32, Error> {
-        catch_panic(if read { "read" } else { "write" }, || {
-            let target = Target::Path(path_of(filename));
-            self.0.transfer_inline(request(read, op, info, target, validate, file_offset))
+        catch_panic(if place.read { "read" } else { "write" }, || {
+            self.0.transfer_inline(request(op, info, Target::Path(path_of(filename)), place))
         })
     }
 
@@ -346,21 +352,15 @@ impl IoHandle {
     }
 }
 
-#[allow(clippy::too_many_arguments)] // DeepSpeed's signature, flattened
 fn one_shot_transfer(
-    read: bool,
     op: UniquePtr<bridge::io_op_desc_t>,
     info: &bridge::TensorInfo,
     filename: &[u8],
-    block_size: i32,
-    queue_depth: i32,
-    single_submit: bool,
-    overlap_events: bool,
-    validate: bool,
+    k: &bridge::HandleKnobs,
+    place: &bridge::OpPlace,
 ) -> Result<i32, Error> {
-    catch_panic(if read { "aio_read" } else { "aio_write" }, || {
-        let req = request(read, op, info, Target::Path(path_of(filename)), validate, 0);
-        deepspeed::one_shot(req, block_size.into(), queue_depth.into(), single_submit, overlap_events)
+    catch_panic(if place.read { "aio_read" } else { "aio_write" }, || {
+        deepspeed::one_shot(request(op, info, Target::Path(path_of(filename)), place), &knobs(k))
     })
 }
 

@@ -14,144 +14,144 @@ use std::sync::OnceLock;
 // ---------------------------------------------------------------------------
 
 /// Bytes per I/O request (`block_size`).
-pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
+pub(crate) const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
 /// Requests in flight per worker (`queue_depth`).
-pub const DEFAULT_QUEUE_DEPTH: usize = 128;
+pub(crate) const DEFAULT_QUEUE_DEPTH: usize = 128;
 /// One submit syscall per request instead of one per batch (`single_submit`).
-pub const DEFAULT_SINGLE_SUBMIT: bool = false;
+pub(crate) const DEFAULT_SINGLE_SUBMIT: bool = false;
 /// Keep the queue topped up instead of submit-then-wait (`overlap_events`).
-pub const DEFAULT_OVERLAP_EVENTS: bool = false;
+pub(crate) const DEFAULT_OVERLAP_EVENTS: bool = false;
 /// Worker threads an op is split across (`intra_op_parallelism`).
-pub const DEFAULT_INTRA_OP_PARALLELISM: usize = 1;
+pub(crate) const DEFAULT_INTRA_OP_PARALLELISM: usize = 1;
 
 /// The largest queue depth: io_uring's ring size limit (`IORING_MAX_ENTRIES`).
-pub const MAX_QUEUE_DEPTH: usize = 32768;
+pub(crate) const MAX_QUEUE_DEPTH: usize = 32768;
 /// The most worker threads one handle may start.
-pub const MAX_INTRA_OP_PARALLELISM: usize = 1024;
+pub(crate) const MAX_INTRA_OP_PARALLELISM: usize = 1024;
 /// DeepSpeed's alignment unit: `get_alignment()` = parallelism x this.
-pub const DEEPSPEED_ALIGNMENT_UNIT: usize = 512;
+pub(crate) const DEEPSPEED_ALIGNMENT_UNIT: usize = 512;
 /// O_DIRECT alignment assumed when the kernel does not report
 /// `STATX_DIOALIGN`: 4 KiB satisfies every common logical block size.
-pub const CONSERVATIVE_DIO_ALIGNMENT: usize = 4096;
+pub(crate) const CONSERVATIVE_DIO_ALIGNMENT: usize = 4096;
 
 /// DeepSpeed's cuFile `min_io_threshold_size_kb`.
-pub const GDS_MIN_IO_THRESHOLD_SIZE_KB: usize = 8192;
+pub(crate) const GDS_MIN_IO_THRESHOLD_SIZE_KB: usize = 8192;
 /// The smallest GDS block size: cuFile's max direct-I/O size is
 /// `block_size / 1024` KiB, which must be at least 1.
-pub const GDS_MIN_BLOCK_SIZE: usize = 1024;
+pub(crate) const GDS_MIN_BLOCK_SIZE: usize = 1024;
 /// The most threads the GDS piece pool starts (each runs one blocking cuFile
 /// call at a time); pieces past that wait for a thread.
-pub const GDS_MAX_PIECE_THREADS: usize = 64;
+pub(crate) const GDS_MAX_PIECE_THREADS: usize = 64;
 
 /// How many times a transfer that keeps answering EAGAIN is resubmitted
 /// before it fails naming the errno (with a growing pause in between).
-pub const MAX_EAGAIN_RETRIES: u32 = 64;
+pub(crate) const MAX_EAGAIN_RETRIES: u32 = 64;
 /// A blocking CPU op of at most this many bytes, with no other op pending,
 /// runs on the calling thread instead of going to a worker and back: the
 /// two thread hand-offs cost more than a small transfer (a 4 KiB
 /// `sync_pread` round trip is mostly them). Small enough to finish at once,
 /// so the call needs no signal polling.
-pub const INLINE_MAX_BYTES: usize = 256 << 10;
+pub(crate) const INLINE_MAX_BYTES: usize = 256 << 10;
 /// Requests on files that io_uring punts for (tmpfs, ramfs), run on psync,
 /// are whole multiples of this (keeps the O_DIRECT alignment a run had)...
-pub const PUNTING_FS_REQUEST_GRAIN: usize = 1 << 20;
+pub(crate) const PUNTING_FS_REQUEST_GRAIN: usize = 1 << 20;
 /// ... and at most this large, unless the handle's block size is larger
 /// (each request there is one lock round trip: as large as a run allows).
-pub const PUNTING_FS_MAX_REQUEST: usize = 1 << 30;
+pub(crate) const PUNTING_FS_MAX_REQUEST: usize = 1 << 30;
 /// How often a blocking wait called from Python looks for a pending signal
 /// (Ctrl-C), so that KeyboardInterrupt ends it promptly.
-pub const SIGNAL_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+pub(crate) const SIGNAL_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 /// How many times in a row a transfer interrupted by a signal (EINTR, no
 /// byte moved) is resubmitted before it fails naming the errno. Signals are
 /// normal (a profiler's SIGPROF, SIGCHLD), so the bound is far above what
 /// any real workload reaches; it only keeps a signal storm from spinning
 /// forever.
-pub const MAX_EINTR_RETRIES: u32 = 100_000;
+pub(crate) const MAX_EINTR_RETRIES: u32 = 100_000;
 
 // ---------------------------------------------------------------------------
 // Environment variables.
 // ---------------------------------------------------------------------------
 
 /// `uring` or `psync`: forces the transfer engine.
-pub const ENGINE_ENV: &str = "DEEPNVME_ENGINE";
+pub(crate) const ENGINE_ENV: &str = "DEEPNVME_ENGINE";
 /// `quiet` (or `0`, `off`): no informational lines on stderr.
-pub const LOG_ENV: &str = "DEEPNVME_LOG";
+pub(crate) const LOG_ENV: &str = "DEEPNVME_LOG";
 /// `1`: a `gds_handle` may be created without GPUDirect Storage.
-pub const GDS_CPU_ONLY_ENV: &str = "DEEPNVME_GDS_CPU_ONLY";
+pub(crate) const GDS_CPU_ONLY_ENV: &str = "DEEPNVME_GDS_CPU_ONLY";
 /// The libcufile to load (a path or a name), instead of the default search.
-pub const CUFILE_LIB_ENV: &str = "DEEPNVME_CUFILE_LIB";
+pub(crate) const CUFILE_LIB_ENV: &str = "DEEPNVME_CUFILE_LIB";
 /// The libcuda to load (a path or a name), instead of the default search.
-pub const CUDA_LIB_ENV: &str = "DEEPNVME_CUDA_LIB";
+pub(crate) const CUDA_LIB_ENV: &str = "DEEPNVME_CUDA_LIB";
 /// cuFile's own variable naming its JSON config; a user's value is kept.
-pub const CUFILE_ENV_PATH_JSON: &str = "CUFILE_ENV_PATH_JSON";
+pub(crate) const CUFILE_ENV_PATH_JSON: &str = "CUFILE_ENV_PATH_JSON";
 
 /// The most bytes of idle bounce buffers kept for reuse, in MiB.
-pub const BOUNCE_POOL_MB_ENV: &str = "DEEPNVME_BOUNCE_POOL_MB";
+pub(crate) const BOUNCE_POOL_MB_ENV: &str = "DEEPNVME_BOUNCE_POOL_MB";
 /// Default of [`BOUNCE_POOL_MB_ENV`].
-pub const DEFAULT_BOUNCE_POOL_MB: usize = 1024;
+pub(crate) const DEFAULT_BOUNCE_POOL_MB: usize = 1024;
 /// The most bytes of bounce memory in use at once, process-wide, in MiB.
-pub const BOUNCE_MAX_MB_ENV: &str = "DEEPNVME_BOUNCE_MAX_MB";
+pub(crate) const BOUNCE_MAX_MB_ENV: &str = "DEEPNVME_BOUNCE_MAX_MB";
 /// Default of [`BOUNCE_MAX_MB_ENV`]: a quarter of the machine's memory, at
 /// most this many MiB.
-pub const DEFAULT_BOUNCE_MAX_MB_CEILING: usize = 16 << 10;
+pub(crate) const DEFAULT_BOUNCE_MAX_MB_CEILING: usize = 16 << 10;
 /// One bounce window of a blocking op on bounced memory (at least a block
 /// per worker): small, so that its bytes are copied while the device's
 /// writes into it are still in the CPU's cache.
-pub const BOUNCE_WINDOW_BYTES: usize = 4 << 20;
+pub(crate) const BOUNCE_WINDOW_BYTES: usize = 4 << 20;
 /// The windows such an op streams through: enough to keep the handle's
 /// queue (parallelism x depth x block) full, plus two being copied, within
 /// these bounds.
-pub const BOUNCE_WINDOWS_MIN: usize = 3;
-pub const BOUNCE_WINDOWS_MAX: usize = 64;
+pub(crate) const BOUNCE_WINDOWS_MIN: usize = 3;
+pub(crate) const BOUNCE_WINDOWS_MAX: usize = 64;
 /// The most bytes of windows one blocking op holds (more windows only when
 /// they are small).
-pub const BOUNCE_WINDOWS_MAX_BYTES: usize = 256 << 20;
+pub(crate) const BOUNCE_WINDOWS_MAX_BYTES: usize = 256 << 20;
 /// A bounced read's chunk whose wait took less than this was already done:
 /// the copy, not the device, is behind, and fewer windows ahead keep the
 /// next chunk's bytes in the CPU's cache until they are copied.
-pub const BOUNCE_READY_WAIT: std::time::Duration = std::time::Duration::from_micros(20);
+pub(crate) const BOUNCE_READY_WAIT: std::time::Duration = std::time::Duration::from_micros(20);
 /// A bounced read lowers its read-ahead only while its copier spent less
 /// than 1/N of its recent time waiting for chunks: a device that delivers
 /// chunks in bursts (a VM's disk) leaves some done early, but the copier
 /// still waits for most of its time, and fewer windows would starve it.
-pub const BOUNCE_COPY_BOUND_WAIT_SHARE: u64 = 4;
+pub(crate) const BOUNCE_COPY_BOUND_WAIT_SHARE: u64 = 4;
 /// One piece of a host copy shared with the copy helpers
-/// (`host_copy/helpers.rs`): large enough that claiming it costs nothing
+/// (`bounce/copy/helpers.rs`): large enough that claiming it costs nothing
 /// next to copying it, small enough that a 4 MiB window has eight. Copies
 /// of two pieces or more are shared.
-pub const COPY_PIECE_BYTES: usize = 512 << 10;
+pub(crate) const COPY_PIECE_BYTES: usize = 512 << 10;
 /// At most this many copy helpers (one per CPU beyond the first).
-pub const COPY_HELPERS_MAX: usize = 7;
+pub(crate) const COPY_HELPERS_MAX: usize = 7;
 /// How long a copying thread spins for a helper's last piece before it
 /// sleeps: about one piece's copy.
-pub const COPY_SPIN_FOR_LAST_PIECE: std::time::Duration = std::time::Duration::from_micros(100);
+pub(crate) const COPY_SPIN_FOR_LAST_PIECE: std::time::Duration = std::time::Duration::from_micros(100);
 /// Seed of the model-based tests' op sequences (tests only; unset: a fixed
 /// seed and one random seed, printed).
-pub const MODEL_SEED_ENV: &str = "DEEPNVME_MODEL_SEED";
+pub(crate) const MODEL_SEED_ENV: &str = "DEEPNVME_MODEL_SEED";
 
 /// `1`: print the process's I/O statistics on stderr at exit.
-pub const STATS_ENV: &str = "DEEPNVME_STATS";
+pub(crate) const STATS_ENV: &str = "DEEPNVME_STATS";
 
 /// `0`: io_uring rings never register memory as fixed buffers.
-pub const FIXED_BUFFERS_ENV: &str = "DEEPNVME_FIXED_BUFFERS";
+pub(crate) const FIXED_BUFFERS_ENV: &str = "DEEPNVME_FIXED_BUFFERS";
 /// Fixed-buffer slots per worker ring (registered lazily, reused least
 /// recently used first); io_uring allows 16,384.
-pub const FIXED_BUFFER_SLOTS: u32 = 256;
+pub(crate) const FIXED_BUFFER_SLOTS: u32 = 256;
 /// The most bytes one fixed-buffer registration covers: the kernel refuses
 /// an iovec over 1 GiB, so larger memory is registered in 1 GiB chunks.
-pub const FIXED_BUFFER_CHUNK: usize = 1 << 30;
+pub(crate) const FIXED_BUFFER_CHUNK: usize = 1 << 30;
 
 /// `0`: mappings of 2 MiB and more (locked tensors, bounce buffers) do not
 /// ask for transparent huge pages (`src/pinned/page_buffer.rs`).
-pub const HUGE_PAGES_ENV: &str = "DEEPNVME_HUGE_PAGES";
+pub(crate) const HUGE_PAGES_ENV: &str = "DEEPNVME_HUGE_PAGES";
 
 /// `0`: a worker drains its ring before it starts the next op (see
 /// [`MAX_STREAMED_OPS`]).
-pub const OP_STREAM_ENV: &str = "DEEPNVME_OP_STREAM";
+pub(crate) const OP_STREAM_ENV: &str = "DEEPNVME_OP_STREAM";
 /// The most ops one worker ring streams back to back before it lets its
 /// ring drain once (so that a fork, which waits for a ring's run, and the
 /// release of freed registered memory are never put off for long).
-pub const MAX_STREAMED_OPS: usize = 256;
+pub(crate) const MAX_STREAMED_OPS: usize = 256;
 
 /// Who reads a variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,9 +169,13 @@ pub enum Scope {
 /// One environment variable: its name, default and meaning.
 #[derive(Clone, Copy, Debug)]
 pub struct EnvVar {
+    /// The variable's name.
     pub name: &'static str,
+    /// Who reads it.
     pub scope: Scope,
+    /// What holds when it is unset.
     pub default: &'static str,
+    /// What its values do.
     pub meaning: &'static str,
 }
 
@@ -357,11 +361,17 @@ pub const VARIABLES: &[EnvVar] = &[
         default: "unset",
         meaning: "`1`: `tests/gpu/run.sh` fakes the udev entries cuFile needs on a VM without a udev database",
     },
+    EnvVar {
+        name: "DEEPNVME_BLESS_API",
+        scope: Scope::Tests,
+        default: "unset",
+        meaning: "set: `tests/public_api.rs` rewrites `tests/public_api.txt` (the public surface, changed on purpose)",
+    },
 ];
 
 /// The engine a process asked for through [`ENGINE_ENV`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EngineChoice {
+pub(crate) enum EngineChoice {
     /// Not set: io_uring where the kernel allows it, else psync.
     Auto,
     Uring,
@@ -370,7 +380,7 @@ pub enum EngineChoice {
 
 /// The core's environment, read once per process (on first use).
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// [`ENGINE_ENV`]; `Err` holds the value that is neither `uring` nor `psync`.
     pub engine: Result<EngineChoice, String>,
     /// [`LOG_ENV`] says quiet.
@@ -400,7 +410,7 @@ fn non_blank(name: &str) -> Option<String> {
 }
 
 /// Parses an engine name as [`ENGINE_ENV`] takes it.
-pub fn parse_engine(value: &str) -> Option<EngineChoice> {
+pub(crate) fn parse_engine(value: &str) -> Option<EngineChoice> {
     match value.trim().to_ascii_lowercase().as_str() {
         "" | "auto" => Some(EngineChoice::Auto),
         "uring" | "io_uring" | "iouring" => Some(EngineChoice::Uring),
@@ -448,10 +458,10 @@ fn default_bounce_max_mb() -> usize {
 
 /// The process's settings, read from the environment on first use. (The
 /// way in to every process-wide state, so it installs the fork handlers:
-/// see `fork.rs`.)
-pub fn settings() -> &'static Settings {
+/// see `rt/fork.rs`.)
+pub(crate) fn settings() -> &'static Settings {
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
-    if !crate::fork::install() {
+    if !crate::rt::fork::install() {
         // Once: later calls find the handlers' state already failed.
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -463,9 +473,9 @@ pub fn settings() -> &'static Settings {
     SETTINGS.get_or_init(Settings::from_env)
 }
 
-/// The fork handler's hook (`fork.rs`): settles the settings' `OnceLock`
+/// The fork handler's hook (`rt/fork.rs`): settles the settings' `OnceLock`
 /// (a fork must not find it half set).
-pub(crate) fn settle_for_fork(_: std::time::Instant) -> crate::fork::Held {
+pub(crate) fn settle_for_fork(_: std::time::Instant) -> crate::rt::fork::Held {
     let _ = settings();
     None
 }

@@ -36,7 +36,7 @@
 //! * [`knobs`]: every default, limit and environment variable, in one place.
 //! * `buffer`: the caller's memory ([`BufferDesc`], built only through an
 //!   `unsafe` constructor that states its contract), the front ends'
-//!   [`Staging`] (their copies and their hold on the caller's memory),
+//!   `Staging` (their copies and their hold on the caller's memory),
 //!   `HostMemcpy` (the one memcpy of contiguous host memory, which their
 //!   memcpy fallbacks share), and [`IoBuffer`] for memory an async op owns.
 //! * `op/caller.rs`: **the ownership rule** for caller memory, in one place:
@@ -44,11 +44,11 @@
 //!   from movable memory runs inside the front end's hold (the GIL), on the
 //!   thread that submits or waits, never on an I/O thread; ops on shared
 //!   memory or file bytes take effect in submission order.
-//! * `bounce`: bounce buffers, sized to the op and drawn from a process-wide
-//!   budget; `host_copy`: the copies' streaming stores and threads.
-//! * `interpreter`: holding the Python interpreter's lock without naming
-//!   the front end.
-//! * [`pinned`]: the process-wide page-locked memory manager
+//! * `bounce`: the bounce path in one folder: buffers sized to the op and
+//!   drawn from a process-wide budget (`pool`), the copies' streaming
+//!   stores and helper threads (`copy`), blocking bounced ops streamed
+//!   through windows (`window`) and how far reads run ahead (`read_ahead`).
+//! * `pinned`: the process-wide page-locked memory manager
 //!   (`deepspeed_pin_tensor_t::shared()`), constant-time range recognition
 //!   (a page index), and
 //!   owned [`LockedBuffer`]s.
@@ -59,29 +59,31 @@
 //! * [`stripe`]: stripe sets, one folder whose files keep their bytes on
 //!   several drives (a manifest in the folder, member files per drive).
 //! * `op`: one transfer (`cpu_op_desc_t`): `op/mod.rs` the bounce decision
-//!   and lifecycle, `op/window.rs` blocking bounced ops streamed through
-//!   bounded windows, `op/plan.rs` slice geometry, `op/checks.rs` checks and
+//!   and lifecycle, `op/plan.rs` slice geometry, `op/checks.rs` checks and
 //!   validation, `op/work.rs` the shape the handle runs and what an op touches.
 //! * `handle`: [`IoHandle`] (`deepspeed_io_handle_t` / `deepspeed_gds_handle_t`):
 //!   workers, queue, the order of ops on shared memory and file bytes,
 //!   `wait()`, and the GDS routing of CUDA buffers.
 //! * `config`: [`HandleConfig`], a handle's knobs.
 //! * [`gds`]: GPUDirect Storage through cuFile, loaded at run time.
-//! * [`stats`]: ops, bytes, bounced bytes, failures and latency, per handle
-//!   ([`IoHandle::stats`]) and per process ([`stats::process`]).
-//! * [`deepspeed`]: DeepSpeed's API semantics that every front end shares
-//!   (return codes, the write warning, the elapsed-time line, one-shot
-//!   transfers, `deepspeed_memcpy`), and [`deepspeed::calls`], the only
-//!   public way to DeepSpeed-shaped handle calls (`IoHandle`'s own methods
-//!   are the Rust API).
-//! * `error`, `log`, `json`: errors that name file, offset and errno; stderr
-//!   lines that never panic; the JSON escaper for the cuFile config.
-//! * `sync`, `fork`: the crate's locks (std's, with parking_lot's API), and
-//!   the `fork()` handlers that make every process-wide lock safe for a
-//!   child and leave no registered memory for the kernel to copy into it.
-//! * `threads`: how the core starts its threads (names, start failures as
-//!   errors, what a thread's owner does in a child of `fork()`), and the
-//!   list of them.
+//! * `stats`: ops, bytes, bounced bytes, failures and latency, per handle
+//!   ([`IoHandle::stats`]) and per process ([`process_stats`]).
+//! * `deepspeed` (features `ffi`, `python`): DeepSpeed's API semantics that
+//!   every front end shares (return codes, the write warning, the
+//!   elapsed-time line, one-shot transfers, `deepspeed_memcpy`). The front
+//!   ends are in this crate, so none of it is public; `IoHandle`'s own
+//!   methods are the Rust API.
+//! * [`diag`]: the one door for what the CLI asks beyond the handle API
+//!   (engines, GDS probe, page-aligned memory, the variables it names).
+//! * `error`: errors that name file, offset and errno.
+//! * `rt`: the runtime below every domain module: `rt/sync.rs` the crate's
+//!   locks (std's, with parking_lot's API), `rt/fork.rs` the `fork()`
+//!   handlers that make every process-wide lock safe for a child and leave
+//!   no registered memory for the kernel to copy into it, `rt/threads.rs`
+//!   how the core starts its threads (and the list of them),
+//!   `rt/interpreter.rs` the Python interpreter's lock without naming the
+//!   front end, `rt/log.rs` stderr lines that never panic, `rt/json.rs` the
+//!   JSON escaper for the cuFile config.
 //! * `resize_hold`: how many direct ops hold each torch-pinned tensor's
 //!   storage unresizable (the compiled front end's guard against `resize_`
 //!   freeing memory under the I/O).
@@ -92,57 +94,52 @@
 mod bounce;
 mod buffer;
 mod config;
+// The front ends' shared layer: a build without a front end (no `ffi`, no
+// `python`) calls none of it, and that is no defect.
+#[cfg_attr(not(any(feature = "ffi", feature = "python")), allow(dead_code))]
+mod deepspeed;
 mod engine;
 mod error;
 mod file;
-mod fork;
 mod handle;
-mod interpreter;
-mod json;
-mod log;
-mod log_queue;
 mod op;
-mod host_copy;
+mod pinned;
 mod resize_hold;
-mod sync;
-mod threads;
+mod rt;
+mod stats;
 
-pub mod deepspeed;
+pub mod diag;
 pub mod gds;
 pub mod knobs;
-pub mod pinned;
-pub mod stats;
 pub mod stripe;
 
 #[cfg(feature = "ffi")]
-pub mod ffi;
+mod ffi;
 #[cfg(feature = "python")]
-pub mod python;
+mod python;
 
-/// The fork handler's hooks, in its order (see `fork.rs`): wired here, where
-/// every module is named, so that `fork.rs` names none of their owners.
-pub(crate) static FORK_PARTICIPANTS: fork::Participants = fork::Participants {
+/// The fork handler's hooks, in its order (see `rt/fork.rs`): wired here, where
+/// every module is named, so that `rt/fork.rs` names none of their owners.
+pub(crate) static FORK_PARTICIPANTS: rt::fork::Participants = rt::fork::Participants {
     settle: &[knobs::settle_for_fork, engine::settle_for_fork],
     hold: &[
         engine::fixed::empty_tables_for_fork,
         engine::fixed::hold_lists_for_fork,
         pinned::hold_for_fork,
         bounce::hold_for_fork,
-        log::hold_for_fork,
+        rt::log::hold_for_fork,
     ],
 };
 
-pub use buffer::{BufferDesc, IoBuffer, Location, Staging};
+pub use buffer::{BufferDesc, IoBuffer, Location};
 pub use config::HandleConfig;
-pub use engine::choice::{engine_for_file, punting_fs, PuntingFs, FILE_ENGINE_RULE};
-pub use engine::{default_kind as default_engine, io_uring_status, EngineKind};
-pub use error::{errno_text, Direction, Error, Result, TransferError};
+pub use engine::EngineKind;
+pub use error::{Direction, Error, Result, TransferError};
 pub use file::{dio_alignment, DioAlignment, FileTarget};
-pub use gds::GdsError;
+pub use gds::error::GdsError;
 pub use handle::{IoHandle, OpScope, Pending};
-pub use op::OpRequest;
 pub use pinned::{LockedBuffer, PinnedMemoryManager};
-pub use stats::Stats;
+pub use stats::{process as process_stats, Stats};
 
 #[cfg(test)]
 mod internal_tests;

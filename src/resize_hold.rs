@@ -20,13 +20,13 @@
 //! code's `resize_` runs: a `resize_` in another thread comes wholly before
 //! or after. So [`HELD`] is only ever taken with that lock held, and never
 //! by a thread of the core's own: `os.fork()` holds the lock too, so a
-//! child never finds it taken (`fork.rs`). While the interpreter finalizes
+//! child never finds it taken (`rt/fork.rs`). While the interpreter finalizes
 //! (no Python thread runs) it is taken without.
 
 #![cfg_attr(not(feature = "ffi"), allow(dead_code))] // only the compiled front end holds storages
 
-use crate::interpreter::with_interpreter_lock;
-use crate::sync::Mutex;
+use crate::rt::interpreter::with_interpreter_lock;
+use crate::rt::sync::Mutex;
 
 /// A storage whose resizable flag can be read and set: the torch glue's
 /// `io_op_desc_t` (`ffi.rs`), or a test's stand-in.

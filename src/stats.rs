@@ -48,9 +48,11 @@ pub(crate) struct Counters {
 pub struct Stats {
     /// Ops finished (successfully or not).
     pub ops: u64,
+    /// Ops that failed.
     pub failed_ops: u64,
     /// Bytes moved by successful reads and writes.
     pub bytes_read: u64,
+    /// Bytes moved by successful writes.
     pub bytes_written: u64,
     /// Bytes that went through a bounce buffer (memory that was not
     /// page-locked, contiguous host memory).
@@ -69,6 +71,7 @@ pub struct Stats {
     /// op slice of a ring's stream) made by io_uring and by psync: which
     /// engine moved the bytes (see `engine::choice`).
     pub io_uring_runs: u64,
+    /// Engine runs made by psync.
     pub psync_runs: u64,
 }
 
@@ -183,7 +186,7 @@ pub(crate) fn report_at_exit_if_asked() {
     }
     extern "C" fn report() {
         // Nothing may unwind out of an atexit handler.
-        let _ = std::panic::catch_unwind(|| crate::log::info(&format!("stats: {}", process())));
+        let _ = std::panic::catch_unwind(|| crate::rt::log::info(&format!("stats: {}", process())));
     }
     if !REGISTERED.swap(true, std::sync::atomic::Ordering::AcqRel) {
         // SAFETY: registers a plain function with no captured state.

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::{BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager};
+use crate::{BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, PinnedMemoryManager};
 
 /// The sequence number the handle gave the op this thread had admitted last
 /// (on any handle; 0 before the first): the order the model tests apply ops in.
@@ -118,7 +118,7 @@ pub fn skip(why: &str) {
 /// only when the kernel refuses it, unless DEEPNVME_TEST_REQUIRE_URING is
 /// set, which turns the skip into a failure.
 pub fn engines() -> Vec<EngineKind> {
-    match crate::io_uring_status() {
+    match crate::engine::io_uring_status() {
         Ok(()) => vec![EngineKind::Uring, EngineKind::Psync],
         Err(why) => {
             if std::env::var_os("DEEPNVME_TEST_REQUIRE_URING").is_some() {
@@ -257,14 +257,14 @@ pub struct DirtyKib {
     pub shared: usize,
 }
 
-/// Bytes the process's copy helpers have copied so far (`host_copy/helpers.rs`).
+/// Bytes the process's copy helpers have copied so far (`bounce/copy/helpers.rs`).
 pub fn copy_helper_bytes() -> u64 {
-    crate::host_copy::helper_bytes()
+    crate::bounce::copy::helper_bytes()
 }
 
 /// How many copy helpers this process has (starting them if it has none yet).
 pub fn copy_helper_count() -> usize {
-    crate::host_copy::helper_count()
+    crate::bounce::copy::helper_count()
 }
 
 /// The name (`comm`) of each of this process's threads, from /proc/self/task.
@@ -376,3 +376,91 @@ mod tests {
         assert!((3..=9).all(|v| picks.contains(&v)), "every value of the range comes up");
     }
 }
+
+/// DeepSpeed's handle calls on a core [`IoHandle`], with the core's own
+/// errors: what the front ends' `deepspeed::Handle` runs beneath its return
+/// codes, write warning and GIL release, for the tests of those semantics.
+/// They take what DeepSpeed's calls take (a raw [`BufferDesc`] whose
+/// contract holds until the op is finished, an `i64` offset, `async` as a
+/// flag); `IoHandle`'s public methods are the Rust API.
+pub mod calls {
+    use std::time::Duration;
+
+    use crate::buffer::BufferDesc;
+    use crate::config::HandleConfig;
+    use crate::error::Result;
+    use crate::file::FileTarget;
+    use crate::handle::IoHandle;
+    use crate::op::OpRequest;
+
+    /// `pread(buffer, target, file_offset, async)`: a parallel read, async
+    /// (returns 0) or blocking (returns how many ops finished: this one and
+    /// every earlier pending one).
+    pub fn pread(
+        handle: &IoHandle,
+        buffer: BufferDesc,
+        target: FileTarget<'_>,
+        file_offset: i64,
+        is_async: bool,
+    ) -> Result<usize> {
+        handle.pread(buffer, target, file_offset, is_async)
+    }
+
+    /// `pwrite(buffer, target, file_offset, async)`: as [`pread`], writing.
+    pub fn pwrite(
+        handle: &IoHandle,
+        buffer: BufferDesc,
+        target: FileTarget<'_>,
+        file_offset: i64,
+        is_async: bool,
+    ) -> Result<usize> {
+        handle.pwrite(buffer, target, file_offset, is_async)
+    }
+
+    /// `pread`/`pwrite`/`async_*`/`sync_*` with a whole request (a front
+    /// end's staging, `validate`): 0 when async, else the ops finished.
+    pub fn submit(handle: &IoHandle, request: OpRequest<'_>, is_async: bool) -> Result<usize> {
+        handle.submit(request, is_async)
+    }
+
+    /// [`submit`], a blocking one waiting in steps of `poll` and calling
+    /// `between` after each (the front ends run signal handlers there). An
+    /// error from `between` ends the wait with the ops left pending, their
+    /// buffers held, for a later `wait()`.
+    pub fn submit_polling(
+        handle: &IoHandle,
+        request: OpRequest<'_>,
+        is_async: bool,
+        poll: Duration,
+        between: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<usize> {
+        handle.submit_blocking_with(request, is_async, poll, between)
+    }
+
+    /// `wait()` in steps of `poll`, calling `between` after each; see [`submit_polling`].
+    pub fn wait_polling(handle: &IoHandle, poll: Duration, between: &mut dyn FnMut() -> Result<()>) -> Result<usize> {
+        handle.wait_with(poll, between)
+    }
+
+    /// `read`/`write`: one synchronous, unsplit transfer on the calling
+    /// thread, after the pending ops it shares memory or file bytes with.
+    pub fn transfer_inline(handle: &IoHandle, request: OpRequest<'_>) -> Result<()> {
+        handle.transfer_inline(request)
+    }
+
+    /// `aio_read`/`aio_write`: one unsplit transfer on the calling thread
+    /// with `config`'s parameters, without a handle (no worker threads).
+    pub fn transfer_once(config: &HandleConfig, request: OpRequest<'_>) -> Result<()> {
+        IoHandle::transfer_once(config, request)
+    }
+}
+
+
+/// DeepSpeed's handle knobs, as the front ends pass them (checked by `config()`).
+pub use crate::config::DeepSpeedKnobs;
+
+// What the tests of the engine choice and GDS look at, beside the CLI's view (`crate::diag`).
+pub use crate::buffer::Staging;
+pub use crate::engine::choice::{engine_for_file, punting_fs, PuntingFs};
+pub use crate::op::OpRequest;
+pub const CUDA_LIB_ENV: &str = crate::knobs::CUDA_LIB_ENV;

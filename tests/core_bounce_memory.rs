@@ -14,7 +14,7 @@ use deepnvme::test_support as common;
 
 use common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
 use deepnvme::{EngineKind, FileTarget};
 
 const CHILD_ENV: &str = "DEEPNVME_BOUNCE_TEST_CHILD";
@@ -112,6 +112,10 @@ fn child_bounce_budget() {
     let desc = |v: &mut Vec<u8>| unsafe { deepnvme::BufferDesc::from_raw_parts(v.as_mut_ptr().add(1), v.len() - 1) };
     assert_eq!(ds::pwrite(&h, desc(&mut a), FileTarget::Path(&pa), 0, true).unwrap(), 0);
     let err = ds::pwrite(&h, desc(&mut b), FileTarget::Path(&pb), 0, true).expect_err("past the budget");
+    assert!(
+        matches!(err, deepnvme::Error::BounceBudget { needed, budget, .. } if budget == 64 << 20 && needed >= 40 << 20),
+        "a typed error with the sizes: {err:?}"
+    );
     let text = err.to_string();
     assert!(text.contains("DEEPNVME_BOUNCE_MAX_MB"), "the error names the knob: {text}");
     assert!(text.contains("b.bin") && text.contains("offset 0"), "the error names the file and offset: {text}");

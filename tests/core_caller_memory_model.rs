@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
 use deepnvme::{BufferDesc, EngineKind, FileTarget, IoHandle, LockedBuffer};
 
 const FIXED_SEED: u64 = 20261201;
@@ -776,8 +776,8 @@ fn run_model_one_thread(engine: EngineKind, seed: u64) -> Result<(), String> {
 }
 
 /// Blocking ops on the plain base that are larger than a bounce window
-/// (4 MiB) stream through windows (src/op/window.rs), and a read keeps a
-/// varying number of them in flight (src/op/read_ahead.rs): the handle's
+/// (4 MiB) stream through windows (src/bounce/window.rs), and a read keeps a
+/// varying number of them in flight (src/bounce/read_ahead.rs): the handle's
 /// queue (2 workers x 8 x 1 MiB) gives such an op 6 windows.
 fn run_model_windowed(engine: EngineKind, seed: u64) -> Result<(), String> {
     let dir = TempDir::new("model-windowed");
@@ -792,7 +792,7 @@ fn run_model_windowed(engine: EngineKind, seed: u64) -> Result<(), String> {
             "seed {seed}: only {n} blocking ops on the plain base were larger than a bounce window (want {MIN_WINDOWED_OPS})"
         )),
         // The windows' 4 MiB copies are shared with the copy helpers
-        // (host_copy/helpers.rs): this model checks that path's bytes too.
+        // (bounce/copy/helpers.rs): this model checks that path's bytes too.
         _ if copy_helper_count() > 0 && copy_helper_bytes() == helped_before => Err(format!(
             "seed {seed}: no copy helper took a piece of any window's copy ({} windowed ops)",
             m.windowed_ops

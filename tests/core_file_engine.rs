@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 // Async writes of raw pinned memory, counted by wait(): DeepSpeed's calls.
-use deepnvme::deepspeed::calls as ds;
-use deepnvme::{EngineKind, FileTarget, HandleConfig, IoHandle, PuntingFs, Stats};
+use deepnvme::test_support::calls as ds;
+use deepnvme::test_support::PuntingFs;
+use deepnvme::{EngineKind, FileTarget, HandleConfig, IoHandle, Stats};
 
 /// A fresh mount of `fstype` on a new directory, unmounted on drop.
 struct Mount {
@@ -108,12 +109,12 @@ fn iou_workers() -> std::collections::HashSet<String> {
 
 fn fs_of(path: &Path) -> Option<PuntingFs> {
     let f = std::fs::File::open(path).unwrap();
-    deepnvme::punting_fs(std::os::fd::AsRawFd::as_raw_fd(&f))
+    deepnvme::test_support::punting_fs(std::os::fd::AsRawFd::as_raw_fd(&f))
 }
 
 #[test]
 fn files_on_tmpfs_and_ramfs_use_psync_and_the_disk_keeps_io_uring() {
-    if let Err(why) = deepnvme::io_uring_status() {
+    if let Err(why) = deepnvme::diag::io_uring_status() {
         if std::env::var_os("DEEPNVME_TEST_REQUIRE_URING").is_some() {
             panic!("io_uring is unavailable ({why}) but DEEPNVME_TEST_REQUIRE_URING is set");
         }
@@ -159,7 +160,7 @@ fn files_on_tmpfs_and_ramfs_use_psync_and_the_disk_keeps_io_uring() {
                 assert_eq!(h.engine_kind(), EngineKind::Uring, "the handle's engine stays io_uring");
                 assert_eq!(stats.io_uring_runs, 0, "{}: no op ran on io_uring: {stats}", fs.name());
                 assert!(stats.psync_runs >= 8, "{}: the ops ran on psync: {stats}", fs.name());
-                assert_eq!(deepnvme::engine_for_file(None, fd).unwrap(), (EngineKind::Psync, Some(*fs)));
+                assert_eq!(deepnvme::test_support::engine_for_file(None, fd).unwrap(), (EngineKind::Psync, Some(*fs)));
             }
             Some(v) => skip(&format!("DEEPNVME_ENGINE={v} is set: the default handle keeps that engine on {}", fs.name())),
         }
@@ -173,9 +174,9 @@ fn files_on_tmpfs_and_ramfs_use_psync_and_the_disk_keeps_io_uring() {
         assert!(stats.io_uring_runs >= 6, "{}: HandleConfig::engine = Uring is obeyed: {stats}", fs.name());
         assert!(stats.psync_runs <= 2, "{}: only the one-block read left io_uring: {stats}", fs.name());
         assert!(new_workers > 0, "{}: io_uring handed this handle's requests to iou-wrk threads", fs.name());
-        assert_eq!(deepnvme::engine_for_file(Some(EngineKind::Uring), fd).unwrap(), (EngineKind::Uring, None));
+        assert_eq!(deepnvme::test_support::engine_for_file(Some(EngineKind::Uring), fd).unwrap(), (EngineKind::Uring, None));
     }
     let f = std::fs::File::create(disk.file("probe.bin")).unwrap();
-    let expect_disk = deepnvme::default_engine().unwrap();
-    assert_eq!(deepnvme::engine_for_file(None, std::os::fd::AsRawFd::as_raw_fd(&f)).unwrap(), (expect_disk, None));
+    let expect_disk = deepnvme::diag::default_engine().unwrap();
+    assert_eq!(deepnvme::test_support::engine_for_file(None, std::os::fd::AsRawFd::as_raw_fd(&f)).unwrap(), (expect_disk, None));
 }

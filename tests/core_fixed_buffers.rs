@@ -50,7 +50,7 @@ fn uring_handle(parallelism: usize) -> IoHandle {
 
 #[test]
 fn registered_memory_follows_the_lifetime_of_what_it_registers() {
-    if let Err(why) = deepnvme::io_uring_status() {
+    if let Err(why) = deepnvme::diag::io_uring_status() {
         skip(&format!("fixed buffers not tested: io_uring is unavailable here: {why}"));
         return;
     }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use deepnvme::{EngineKind, FileTarget, HandleConfig, IoHandle, LockedBuffer, PinnedMemoryManager};
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
 
 const MIB: usize = 1 << 20;
 
@@ -116,7 +116,7 @@ fn child_failure(code: i32) -> &'static str {
 /// locked, bounced and async paths, every byte checked. Its exit code.
 fn child_io(dir: &Path, engine: EngineKind, round: u64) -> i32 {
     // The parent started its copy helpers before any fork: none is here, and
-    // a copy must not be handed to them (host_copy/helpers.rs).
+    // a copy must not be handed to them (bounce/copy/helpers.rs).
     if copy_helper_count() != 0 {
         return 21;
     }
@@ -195,7 +195,7 @@ fn busy(
 }
 
 fn uring_or_psync() -> EngineKind {
-    match deepnvme::io_uring_status() {
+    match deepnvme::diag::io_uring_status() {
         Ok(()) => EngineKind::Uring,
         Err(why) => {
             skip(&format!("io_uring is unavailable ({why}): the fork tests run on the psync engine"));
@@ -348,7 +348,7 @@ fn forks_while_other_threads_hold_every_process_wide_lock_never_hang_the_child()
         assert!(*rounds > 0, "a busy thread never finished a round: {results:?}");
     }
     // The blocking read's window copies were shared with the copy helpers
-    // while the forks happened (a child copies alone: host_copy/helpers.rs).
+    // while the forks happened (a child copies alone: bounce/copy/helpers.rs).
     let helped = copy_helper_bytes() - helped_before;
     if parent_helpers > 0 {
         assert!(helped > 0, "no copy helper took a piece of a copy during the forks");
@@ -473,7 +473,7 @@ fn dirty_pages_in_a_child(addr: usize, len: usize) -> (DirtyKib, Duration) {
 #[test]
 fn a_fork_during_a_long_run_leaves_no_registered_page_to_copy_into_the_child() {
     let _g = serial();
-    if let Err(why) = deepnvme::io_uring_status() {
+    if let Err(why) = deepnvme::diag::io_uring_status() {
         skip(&format!("fork during a long run not tested: io_uring is unavailable here: {why}"));
         return;
     }
@@ -578,7 +578,7 @@ fn a_child_leaving_with_exit_after_psync_helpers_ran_exits_cleanly() {
     };
     let mut data = pattern(33, 1 << 20);
     for direction in [deepnvme::Direction::Write, deepnvme::Direction::Read] {
-        deepnvme::deepspeed::calls::transfer_once(&config, request(direction, FileTarget::Path(&path), 0, heap_desc(&mut data)))
+        deepnvme::test_support::calls::transfer_once(&config, request(direction, FileTarget::Path(&path), 0, heap_desc(&mut data)))
             .unwrap_or_else(|e| panic!("one-shot {direction:?}: {e}"));
     }
     assert_bytes_eq(&data, &pattern(33, 1 << 20), "one-shot round trip");

@@ -16,8 +16,9 @@ use std::sync::Mutex;
 
 use common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
-use deepnvme::deepspeed::calls as ds;
-use deepnvme::{Direction, EngineKind, FileTarget, OpRequest};
+use deepnvme::test_support::calls as ds;
+use deepnvme::test_support::OpRequest;
+use deepnvme::{Direction, EngineKind, FileTarget};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

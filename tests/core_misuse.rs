@@ -23,9 +23,10 @@ use std::time::Duration;
 
 use common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
+use deepnvme::test_support::OpRequest;
 use deepnvme::{
-    BufferDesc, Direction, EngineKind, Error, FileTarget, HandleConfig, IoHandle, OpRequest, PinnedMemoryManager,
+    BufferDesc, Direction, EngineKind, Error, FileTarget, HandleConfig, IoHandle, PinnedMemoryManager,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());

@@ -26,8 +26,9 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::*;
-use deepnvme::deepspeed::calls as ds;
-use deepnvme::{BufferDesc, Direction, EngineKind, FileTarget, IoHandle, LockedBuffer, OpRequest};
+use deepnvme::test_support::calls as ds;
+use deepnvme::test_support::OpRequest;
+use deepnvme::{BufferDesc, Direction, EngineKind, FileTarget, IoHandle, LockedBuffer};
 
 const MIB: usize = 1 << 20;
 const FIXED_SEED: u64 = 20261202;

@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use common::*;
-use deepnvme::pinned::{page_size, PinnedMemoryManager};
+use deepnvme::diag::page_size;
+use deepnvme::PinnedMemoryManager;
 use deepnvme::{BufferDesc, Error, HandleConfig, IoHandle};
 
 static VMLCK: Mutex<()> = Mutex::new(());
@@ -200,7 +201,7 @@ fn adjacent_full_page_regions_do_not_merge() {
 /// How many one-page regions this process may lock (RLIMIT_MEMLOCK applies
 /// without CAP_IPC_LOCK), leaving headroom for other tests' buffers.
 fn lockable_pages(want: usize) -> usize {
-    let (soft, _) = deepnvme::pinned::memlock_limit();
+    let (soft, _) = deepnvme::diag::memlock_limit();
     // SAFETY: no arguments, no memory touched.
     let privileged = unsafe { libc::geteuid() } == 0;
     if privileged || soft == libc::RLIM_INFINITY {

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
 use deepnvme::{BufferDesc, FileTarget, IoHandle, PinnedMemoryManager};
 
 const THREADS: usize = 8;

@@ -39,7 +39,7 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use common::*;
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
 use deepnvme::stripe::{self, CreateOptions};
 use deepnvme::{EngineKind, Error, FileTarget, LockedBuffer};
 
@@ -148,7 +148,7 @@ impl Bed {
             })
             .collect();
         let root = dir.path().join("nvme");
-        stripe::create(&root, &members, &CreateOptions { unit: unit as u64 }).expect("stripe create");
+        stripe::Manifest::create(&root, &members, &CreateOptions { unit: unit as u64 }).expect("stripe create");
         let root = fs::canonicalize(&root).unwrap();
         let members = members.iter().map(|m| fs::canonicalize(m).unwrap()).collect();
         Bed { root, members, unit, kind, devices, _dir: dir }
@@ -163,7 +163,7 @@ impl Bed {
     fn logical(&self, rel: &str) -> Vec<u8> {
         let path = self.file(rel);
         let size = fs::metadata(&path).unwrap().len() as usize;
-        let extent = (stripe::file_info(&path).unwrap().expect("a striped file").extent as usize).min(size);
+        let extent = (stripe::FileInfo::read(&path).unwrap().expect("a striped file").extent as usize).min(size);
         let n = self.members.len();
         let mut out = vec![0u8; size];
         for (i, chunk) in out[..extent].chunks_mut(self.unit).enumerate() {
@@ -410,7 +410,7 @@ fn swap_folders_removed_and_made_again_as_deepspeed_does() {
             }
         }
     }
-    let info = stripe::set_info(&bed.root).unwrap();
+    let info = stripe::SetInfo::read(&bed.root).unwrap();
     assert_eq!(info.files.len(), 3);
     assert!(info.orphans.is_empty(), "{:?}", info.orphans);
 }
@@ -450,7 +450,7 @@ fn an_unaligned_tail_appended_by_another_program_reads_back() {
     want.resize(at, 0);
     want.extend_from_slice(&more);
     assert_bytes_eq(&bed.logical("ckpt/model.pt"), &want, "after striping past the tail");
-    let info = stripe::file_info(&path).unwrap().unwrap();
+    let info = stripe::FileInfo::read(&path).unwrap().unwrap();
     assert_eq!(info.extent as usize, want.len());
 }
 
@@ -504,12 +504,12 @@ fn members_that_disagree_are_errors_naming_them() {
     let m2bytes = fs::read(&m2file).unwrap();
     fs::OpenOptions::new().write(true).open(&m2file).unwrap().set_len(4096).unwrap();
     expect_err(h.read_into(&mut back, FileTarget::Path(&path), 0), &[m2file.to_str().unwrap(), "truncated"], "a truncated member");
-    let info = stripe::file_info(&path).unwrap().unwrap();
+    let info = stripe::FileInfo::read(&path).unwrap().unwrap();
     assert_eq!(info.problems.len(), 1, "{:?}", info.problems);
     fs::write(&m2file, &m2bytes).unwrap();
 
     // The set made again under the file (another id in the manifest).
-    let manifest = bed.root.join(stripe::MANIFEST_NAME);
+    let manifest = bed.root.join(stripe::Manifest::FILE_NAME);
     let text = fs::read_to_string(&manifest).unwrap();
     let old = stripe::Manifest::parse(&text, &bed.root).unwrap().id;
     fs::write(&manifest, text.replace(&old, "00000000000000ff")).unwrap();

@@ -28,7 +28,8 @@ use std::ffi::{c_int, c_uint, c_void, CString};
 use std::os::fd::RawFd;
 use std::time::Instant;
 
-use deepnvme::gds::{self, GdsDriver, GdsTransfer};
+use deepnvme::diag;
+use deepnvme::gds::{GdsDriver, GdsTransfer};
 use deepnvme::{Direction, Error};
 
 type CuCtx = *mut c_void;
@@ -134,16 +135,16 @@ fn open_direct(path: &std::path::Path) -> Result<RawFd, String> {
 #[test]
 fn gds_roundtrip_on_a_gpu() {
     // This binary has this one test, so setting the variable here races with nobody.
-    if std::env::var_os(gds::CUFILE_LIB_ENV).is_none() {
+    if std::env::var_os(diag::CUFILE_LIB_ENV).is_none() {
         if let Some(lib) = common::pip_libcufile() {
-            std::env::set_var(gds::CUFILE_LIB_ENV, lib);
+            std::env::set_var(diag::CUFILE_LIB_ENV, lib);
         }
     }
-    if let Err(why) = gds::probe() {
+    if let Err(why) = diag::gds_probe() {
         eprintln!("skipped: GDS is not available here: {why}");
         return;
     }
-    eprintln!("GDS environment: {}", gds::environment_summary().unwrap());
+    eprintln!("GDS environment: {}", diag::gds_environment().unwrap());
 
     const MIB: usize = 1 << 20;
     let len = 8 * MIB;
@@ -153,7 +154,7 @@ fn gds_roundtrip_on_a_gpu() {
     if let Some(c) = &config {
         assert!(c.exists(), "config exists while open");
         assert!(c.starts_with(std::env::temp_dir()) || c.starts_with("/tmp"), "{}", c.display());
-        assert_eq!(std::env::var_os(gds::CUFILE_ENV_PATH_JSON), Some(c.clone().into_os_string()));
+        assert_eq!(std::env::var_os(diag::CUFILE_ENV_PATH_JSON), Some(c.clone().into_os_string()));
     }
 
     let cuda = Cuda::load();

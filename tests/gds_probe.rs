@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use deepnvme::gds::{self, GdsDriver, CUDA_LIB_ENV, CUFILE_ENV_PATH_JSON, CUFILE_LIB_ENV};
+use deepnvme::diag::{self, CUFILE_ENV_PATH_JSON, CUFILE_LIB_ENV};
+use deepnvme::gds::{self, GdsDriver};
+use deepnvme::test_support::CUDA_LIB_ENV;
 use deepnvme::{Error, GdsError};
 
 const CHILD: &str = "DEEPNVME_GDS_TEST_CHILD";
@@ -174,13 +176,13 @@ fn child_entry() {
     let Ok(scenario) = std::env::var(CHILD) else { return };
     match scenario.as_str() {
         "probe" => {
-            let first = gds::probe();
+            let first = diag::gds_probe();
             say("probe", show(&first));
-            say("probe_cached", show(&gds::probe()) == show(&first));
+            say("probe_cached", show(&diag::gds_probe()) == show(&first));
             if let Err(e) = &first {
                 say("probe_kind", kind(e));
             }
-            say("summary", show(&gds::environment_summary()));
+            say("summary", show(&diag::gds_environment()));
             say("open_count", GdsDriver::open_count());
         }
         "acquire" => child_acquire_cycle(),

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// A file's module path (`op::window` for src/op/window.rs).
+/// A file's module path (`op::window` for src/bounce/window.rs).
 fn module_of(src: &Path, file: &Path) -> String {
     let rel = file.strip_prefix(src).unwrap().with_extension("");
     let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().to_string()).collect();
@@ -111,8 +111,8 @@ fn named_modules(module: &str, text: &str) -> BTreeSet<String> {
     out
 }
 
-#[test]
-fn no_import_cycle_between_files_of_src() {
+/// Every file of `src/` (as its module path) and the files it names.
+fn file_edges() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
@@ -134,6 +134,54 @@ fn no_import_cycle_between_files_of_src() {
     }
     // lib.rs names every module (declarations and re-exports): not an import.
     edges.remove("");
+    edges
+}
+
+/// The layers, bottom up: a file under the first path may name only files
+/// under the paths listed beside it (its own layer's included). So the
+/// runtime infrastructure (`rt/`) never reaches up into the domain modules
+/// (it shares only `error` and `knobs`, the base every level reads), and
+/// GDS is three floors: the dlopen'ed libraries (`gds::shim`), the driver
+/// (`gds::driver`) on them, the transfers (`gds::transfer`) on both; the
+/// types every floor shares (`gds::error`, `gds::region`) sit below them.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("rt", &["rt", "error", "knobs"]),
+    ("gds::error", &["gds::error", "gds::region", "gds::shim", "error", "knobs", "rt"]),
+    ("gds::region", &["gds::region"]),
+    ("gds::shim", &["gds::shim", "gds::error", "gds::region", "error", "knobs", "rt"]),
+    ("gds::driver", &["gds::driver", "gds::shim", "gds::error", "gds::region", "error", "knobs", "rt"]),
+    (
+        "gds::transfer",
+        &["gds::transfer", "gds::driver", "gds::shim", "gds::error", "gds::region", "error", "file", "knobs", "rt"],
+    ),
+];
+
+fn under(module: &str, prefix: &str) -> bool {
+    module == prefix || module.starts_with(&format!("{prefix}::"))
+}
+
+#[test]
+fn layers_name_only_what_lies_below_them() {
+    let edges = file_edges();
+    let mut wrong = Vec::new();
+    for (from, targets) in &edges {
+        for (layer, may) in LAYERS {
+            if !under(from, layer) {
+                continue;
+            }
+            for t in targets {
+                if !may.iter().any(|m| under(t, m)) {
+                    wrong.push(format!("{from} -> {t} (the layer {layer} may name only {may:?})"));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "files reaching above their layer:\n  {}", wrong.join("\n  "));
+}
+
+#[test]
+fn no_import_cycle_between_files_of_src() {
+    let mut edges = file_edges();
     // The one allowed cycle: the crate's error type wraps the GDS error
     // (`Error::Gds(GdsError)`), as error enums do.
     if let Some(e) = edges.get_mut("error") {

@@ -32,8 +32,8 @@ deepspeed_io_handle_t::deepspeed_io_handle_t(const int block_size,
                                              const bool overlap_events,
                                              const int intra_op_parallelism,
                                              const bool use_gds)
-    : _state(new deepnvme::io_handle_state{deepnvme::ffi::new_io_handle(
-          block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, use_gds)}),
+    : _state(new deepnvme::io_handle_state{deepnvme::ffi::new_io_handle(deepnvme::ffi::HandleKnobs{
+          block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, use_gds})}),
       _block_size(block_size),
       _queue_depth(queue_depth),
       _single_submit(single_submit),
@@ -58,12 +58,10 @@ int deepspeed_io_handle_t::read(torch::Tensor& buffer,
                                 const bool validate,
                                 const int64_t file_offset)
 {
-    return _state->handle->transfer_inline(true,
-                                           torch_half(buffer),
+    return _state->handle->transfer_inline(torch_half(buffer),
                                            deepnvme::describe_tensor(buffer),
                                            deepnvme::filename_bytes(filename),
-                                           validate,
-                                           file_offset);
+                                           deepnvme::ffi::OpPlace{true, false, -1, validate, false, file_offset});
 }
 
 int deepspeed_io_handle_t::write(const torch::Tensor& buffer,
@@ -71,12 +69,10 @@ int deepspeed_io_handle_t::write(const torch::Tensor& buffer,
                                  const bool validate,
                                  const int64_t file_offset)
 {
-    return _state->handle->transfer_inline(false,
-                                           torch_half(buffer),
+    return _state->handle->transfer_inline(torch_half(buffer),
                                            deepnvme::describe_tensor(buffer),
                                            deepnvme::filename_bytes(filename),
-                                           validate,
-                                           file_offset);
+                                           deepnvme::ffi::OpPlace{false, false, -1, validate, false, file_offset});
 }
 
 namespace {
@@ -109,15 +105,10 @@ int deepspeed_io_handle_t::submit_op(const bool read,
                                      const int64_t file_offset)
 {
     return raising_pending_python_error([&] {
-        return _state->handle->submit(read,
-                                      torch_half(buffer),
+        return _state->handle->submit(torch_half(buffer),
                                       deepnvme::describe_tensor(buffer),
                                       deepnvme::filename_bytes(filename),
-                                      filename == nullptr,
-                                      fd,
-                                      validate,
-                                      async,
-                                      file_offset);
+                                      deepnvme::ffi::OpPlace{read, filename == nullptr, fd, validate, async, file_offset});
     });
 }
 

@@ -17,15 +17,14 @@ int one_shot(const bool read,
              const bool overlap_events,
              const bool validate)
 {
-    return deepnvme::ffi::one_shot_transfer(read,
-                                            std::make_unique<cpu_op_desc_t>(buffer),
+    // The one-shot transfers run on one thread: parallelism 1, no GDS.
+    const deepnvme::ffi::HandleKnobs knobs{block_size, queue_depth, single_submit, overlap_events, 1, false};
+    const deepnvme::ffi::OpPlace place{read, false, -1, validate, false, 0};
+    return deepnvme::ffi::one_shot_transfer(std::make_unique<cpu_op_desc_t>(buffer),
                                             deepnvme::describe_tensor(buffer),
                                             deepnvme::filename_bytes(filename),
-                                            block_size,
-                                            queue_depth,
-                                            single_submit,
-                                            overlap_events,
-                                            validate);
+                                            knobs,
+                                            place);
 }
 }  // namespace
 

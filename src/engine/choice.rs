@@ -90,7 +90,7 @@ pub(crate) fn note_routed(fs: PuntingFs, path: Option<&Path>) {
         return;
     }
     let file = path.map(|p| format!(" ({})", p.display())).unwrap_or_default();
-    crate::log::info_once(
+    crate::rt::log::info_once(
         &format!("file-engine-{}", fs.name()),
         &format!(
             "files on {}{file} use the psync engine: io_uring could only hand their reads and writes to kernel \

@@ -22,18 +22,21 @@ pub struct AioParams {
 /// Which engine a handle uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EngineKind {
+    /// io_uring: one ring per worker.
     Uring,
+    /// pread/pwrite on the workers' threads.
     Psync,
 }
 
 impl EngineKind {
+    /// The name `DEEPNVME_ENGINE` takes (`uring`, `psync`).
     pub fn name(self) -> &'static str {
         match self {
             EngineKind::Uring => "io_uring",
             EngineKind::Psync => "psync",
         }
     }
-    /// `uring`/`io_uring` or `psync`, as [`knobs::ENGINE_ENV`] takes them.
+    /// `uring`/`io_uring` or `psync`, as [`crate::diag::ENGINE_ENV`] takes them.
     pub fn parse(s: &str) -> Option<EngineKind> {
         match knobs::parse_engine(s)? {
             EngineChoice::Uring => Some(EngineKind::Uring),

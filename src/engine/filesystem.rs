@@ -10,11 +10,14 @@ use crate::file::OpenFile;
 /// none for ext4, direct or from the page cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PuntingFs {
+    /// tmpfs (shmem).
     Tmpfs,
+    /// ramfs.
     Ramfs,
 }
 
 impl PuntingFs {
+    /// The file system's name (`tmpfs`, `ramfs`).
     pub fn name(self) -> &'static str {
         match self {
             PuntingFs::Tmpfs => "tmpfs",

@@ -1,9 +1,8 @@
 //! io_uring fixed buffers: long-lived memory that a worker's ring registers
 //! once (the kernel pins its pages at registration), so that every read or
 //! write into it is a READ_FIXED / WRITE_FIXED that skips the per-request
-//! page pinning and unpinning a plain READ / WRITE does. On the benchmark
-//! machine that is the difference between 0.6 and 1.3-2.0 GB/s for 1 MiB
-//! reads at queue depth 32 (fio, same file, `--fixedbufs`).
+//! page pinning and unpinning a plain READ / WRITE does: on fast devices
+//! that pinning is what bounds a ring (fio's `--fixedbufs`, docs/perf/history.md).
 //!
 //! What may be registered carries a [`RegistrableMemory`] token: the pinned
 //! manager's regions and the bounce pool's buffers, whose lifetimes deepnvme
@@ -27,7 +26,7 @@
 //! `fork()`: the kernel copies pinned anonymous pages into a child at once
 //! (instead of sharing them copy-on-write), so a registration alive at fork
 //! would give every child (a DataLoader worker, say) its own copy of all the
-//! registered memory. The fork handler (`fork.rs`) therefore empties every
+//! registered memory. The fork handler (`rt/fork.rs`) therefore empties every
 //! ring's table first: a run over registrable memory holds its ring's table
 //! from its first request to its last completion, but while a fork is
 //! pending ([`fork_pending`]) it sends nothing more and, once its in-flight
@@ -52,10 +51,10 @@ use std::time::Instant;
 use io_uring::IoUring;
 
 use crate::knobs;
-use crate::sync::{Mutex, MutexGuard};
+use crate::rt::sync::{Mutex, MutexGuard};
 
-/// Whether a fork is pending (see `fork.rs`); streams start no further op.
-pub(crate) use crate::fork::fork_pending;
+/// Whether a fork is pending (see `rt/fork.rs`); streams start no further op.
+pub(crate) use crate::rt::fork::fork_pending;
 
 /// Memory that io_uring rings may register. Dropped when the memory is
 /// unmapped (or later, by the last op that held it).
@@ -124,7 +123,7 @@ type Tables = Vec<(u32, Weak<Mutex<FixedTable>>)>;
 
 /// The listeners, each with the process it was added in: a child of
 /// `fork()` inherits the list, but not the workers behind it. Held across
-/// `fork()` by the fork handler, like `TABLES` (see `fork.rs`).
+/// `fork()` by the fork handler, like `TABLES` (see `rt/fork.rs`).
 static LISTENERS: Mutex<Listeners> = Mutex::new(Vec::new());
 /// Every live table with the process whose ring it is, for the fork handler
 /// (outside the table's lock: a child may inherit a table locked for good).
@@ -154,7 +153,7 @@ fn notify_retired() {
 /// `io_uring_register` opcode: drop the whole buffer table (kernel ABI, 5.1+).
 const IORING_UNREGISTER_BUFFERS: libc::c_uint = 1;
 
-/// For the fork handler (`fork.rs`): waits, until `deadline` at most, for
+/// For the fork handler (`rt/fork.rs`): waits, until `deadline` at most, for
 /// each of this process's rings to let go of its table (a run over
 /// registered memory does once its in-flight requests have completed, a
 /// fork being pending), and unregisters all its buffers. Only this
@@ -162,7 +161,7 @@ const IORING_UNREGISTER_BUFFERS: libc::c_uint = 1;
 /// list and ring descriptors, and unregistering through those would empty
 /// the parent's tables under its requests. The tables are not held across
 /// the fork: nothing registers while it is pending.
-pub(crate) fn empty_tables_for_fork(deadline: Instant) -> crate::fork::Held {
+pub(crate) fn empty_tables_for_fork(deadline: Instant) -> crate::rt::fork::Held {
     let pid = std::process::id();
     let tables: Vec<Arc<Mutex<FixedTable>>> =
         TABLES.lock().iter().filter(|(owner, _)| *owner == pid).filter_map(|(_, t)| t.upgrade()).collect();
@@ -183,7 +182,7 @@ struct ListsHeld {
 }
 
 /// Takes the lists for the fork handler (`LISTENERS`, then `TABLES`).
-pub(crate) fn hold_lists_for_fork(_: Instant) -> crate::fork::Held {
+pub(crate) fn hold_lists_for_fork(_: Instant) -> crate::rt::fork::Held {
     let listeners = LISTENERS.lock();
     let tables = TABLES.lock();
     Some(Box::new(ListsHeld { _tables: tables, _listeners: listeners }))
@@ -236,7 +235,7 @@ impl FixedTable {
             refused: HashMap::new(),
             refusals: 0,
         }));
-        crate::fork::install();
+        crate::rt::fork::install();
         let pid = std::process::id();
         let mut tables = TABLES.lock();
         tables.retain(|(owner, t)| *owner == pid && t.strong_count() > 0);
@@ -281,7 +280,7 @@ impl FixedTable {
 
     fn give_up(&mut self, what: &str, err: std::io::Error) {
         self.disabled = true;
-        crate::log::info_once(
+        crate::rt::log::info_once(
             "fixed-buffers-off",
             &format!("io_uring fixed buffers are off ({what}: {err}); requests pin their pages one by one"),
         );
@@ -305,7 +304,7 @@ impl FixedTable {
             return None;
         }
         // The fork handler empties the tables while a fork is pending, and
-        // they must stay empty until the fork is done (see `fork.rs`).
+        // they must stay empty until the fork is done (see `rt/fork.rs`).
         if fork_pending() {
             return None;
         }

@@ -50,9 +50,9 @@ pub(crate) fn create_for(kind: EngineKind, queue_depth: usize, submitter: Submit
     }
 }
 
-/// The fork handler's hook (`fork.rs`): the probe and the choice are
+/// The fork handler's hook (`rt/fork.rs`): the probe and the choice are
 /// `OnceLock`s, which a fork must not find half set.
-pub(crate) fn settle_for_fork(_: std::time::Instant) -> crate::fork::Held {
+pub(crate) fn settle_for_fork(_: std::time::Instant) -> crate::rt::fork::Held {
     let _ = io_uring_status();
     let _ = default_kind();
     None
@@ -76,14 +76,14 @@ pub fn default_kind() -> Result<EngineKind> {
                 Err(why) => Err(format!("{}=uring but io_uring is unavailable: {why}", knobs::ENGINE_ENV)),
             },
             Ok(EngineChoice::Psync) => {
-                crate::log::info_once("engine", &format!("using the psync engine ({}=psync)", knobs::ENGINE_ENV));
+                crate::rt::log::info_once("engine", &format!("using the psync engine ({}=psync)", knobs::ENGINE_ENV));
                 Ok(EngineKind::Psync)
             }
             Err(v) => Err(format!("{}={v:?} is not one of uring, psync", knobs::ENGINE_ENV)),
             Ok(EngineChoice::Auto) => match io_uring_status() {
                 Ok(()) => Ok(EngineKind::Uring),
                 Err(why) => {
-                    crate::log::info_once(
+                    crate::rt::log::info_once(
                         "engine",
                         &format!("io_uring is unavailable ({why}); using the psync (pread/pwrite threads) engine"),
                     );

@@ -8,18 +8,18 @@
 //! `single_submit` and `overlap_events` knobs have no meaning here: every
 //! piece is its own syscall, and each thread takes the next piece as soon as
 //! it finishes one. Helpers (`deepnvme-psync-N`) are started through
-//! `threads.rs`; one that cannot be started is one fewer.
+//! `rt/threads.rs`; one that cannot be started is one fewer.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
-use crate::sync::{Condvar, Mutex};
+use crate::rt::sync::{Condvar, Mutex};
 
 use super::contract::{AioParams, Engine, EngineKind};
 use super::piece::{move_piece_blocking, pieces, Piece, Segment};
 use crate::error::{Direction, TransferError};
-use crate::threads::{self, Role, StartedIn};
+use crate::rt::threads::{self, Role, StartedIn};
 
 /// More threads than this per worker buys nothing on NVMe.
 pub const MAX_THREADS: usize = 16;

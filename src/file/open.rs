@@ -102,7 +102,7 @@ pub(crate) fn open_raw(path: &Path, flags: i32, mode: libc::mode_t) -> io::Resul
         if e.raw_os_error() != Some(libc::EINTR) {
             return Err(e);
         }
-        if let Err(raised) = crate::interpreter::check_signals() {
+        if let Err(raised) = crate::rt::interpreter::check_signals() {
             return Err(io::Error::new(io::ErrorKind::Interrupted, SignalRaised(raised.to_string())));
         }
     }
@@ -262,7 +262,7 @@ impl OpenFile {
                 // A directory also answers EINVAL; the transfer will then
                 // report EISDIR, so only a regular file earns the message.
                 if is_regular_file(fd) {
-                    crate::log::info_once(
+                    crate::rt::log::info_once(
                         "no-odirect",
                         &format!("{} does not support O_DIRECT; using buffered I/O for such files", path.display()),
                     );

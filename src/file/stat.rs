@@ -11,7 +11,9 @@ use crate::error::Direction;
 /// `offset`, buffer addresses multiples of `memory`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DioAlignment {
+    /// File offsets and lengths are multiples of this.
     pub offset: usize,
+    /// Buffer addresses are multiples of this.
     pub memory: usize,
 }
 

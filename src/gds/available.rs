@@ -4,10 +4,10 @@
 
 use std::sync::OnceLock;
 
-use super::catch::catch_gds;
-use super::cufile_ops::global;
-use super::error::GdsError;
-use super::probe::environment;
+use crate::gds::shim::catch::catch_gds;
+use crate::gds::driver::cufile_ops::global;
+use crate::gds::error::GdsError;
+use crate::gds::shim::probe::environment;
 use crate::error::Error;
 
 

@@ -11,9 +11,9 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::dl::LoadFailure;
-use super::region::Region;
-use super::status::cufile_op_error_name;
+use crate::gds::shim::dl::LoadFailure;
+use crate::gds::region::Region;
+use crate::gds::shim::status::cufile_op_error_name;
 use crate::knobs::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
 
 /// The two libraries GPUDirect Storage loads at run time.
@@ -74,6 +74,7 @@ pub(crate) fn describe_attempts(attempts: &[LoadFailure]) -> String {
 /// A library that did load, named in the error about the other one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoadedLibrary {
+    /// Which library.
     pub library: GdsLibrary,
     /// The file it was loaded from.
     pub path: String,
@@ -93,6 +94,7 @@ impl fmt::Display for LoadedLibrary {
 /// A CUDA driver API status (`CUresult`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CudaStatus {
+    /// The `CUresult` value.
     pub code: i32,
     /// `cuGetErrorName`'s answer ("CUDA_ERROR_NO_DEVICE"), when the driver gave one.
     pub name: Option<String>,
@@ -124,6 +126,7 @@ impl fmt::Display for CudaStatus {
 pub enum GdsError {
     /// A library could not be loaded under any of the names tried.
     LibraryNotFound {
+        /// Which library.
         library: GdsLibrary,
         /// Every name tried, in order, with `dlerror`'s reason.
         attempts: Vec<LoadFailure>,
@@ -135,6 +138,7 @@ pub enum GdsError {
     },
     /// A library loaded but lacks an entry point (too old, or not the real one).
     MissingSymbol {
+        /// Which library.
         library: GdsLibrary,
         /// The file it was loaded from.
         path: String,
@@ -148,6 +152,7 @@ pub enum GdsError {
     Cuda {
         /// The call, with its arguments ("cuDeviceGet(1)").
         call: String,
+        /// What it returned.
         status: CudaStatus,
         /// What was found (libraries, driver version), when known.
         environment: Option<String>,
@@ -160,7 +165,12 @@ pub enum GdsError {
         environment: String,
     },
     /// A device ordinal beyond the devices visible.
-    NoSuchDevice { ordinal: i32, visible: i32 },
+    NoSuchDevice {
+        /// The ordinal asked for.
+        ordinal: i32,
+        /// How many devices are visible.
+        visible: i32,
+    },
     /// A cuFile call returned a status other than `CU_FILE_SUCCESS`.
     CuFile {
         /// The call, with its arguments ("cuFileBufRegister(0x7f.., 4096 bytes)").
@@ -175,24 +185,60 @@ pub enum GdsError {
         errno: Option<i32>,
     },
     /// Opening the cuFile driver failed; `log` is what cuFile logged meanwhile.
-    DriverOpen { source: Box<GdsError>, log: Vec<String> },
+    DriverOpen {
+        /// Why it failed.
+        source: Box<GdsError>,
+        /// cuFile's log lines from the attempt.
+        log: Vec<String>,
+    },
     /// `cuFileDriverSetMaxDirectIOSize` refused the handle's block size.
-    DirectIoSize { source: Box<GdsError>, block_size: usize },
+    DirectIoSize {
+        /// Why it was refused.
+        source: Box<GdsError>,
+        /// The block size asked for.
+        block_size: usize,
+    },
     /// Writing the private cuFile config failed.
     Config {
         /// What was being done ("creating", "writing", ...).
         action: &'static str,
+        /// The file or directory.
         path: PathBuf,
+        /// The system's error.
         source: Arc<io::Error>,
     },
     /// A null pointer, a zero length, or a range that wraps the address space.
-    InvalidBuffer { ptr: u64, len: usize },
+    InvalidBuffer {
+        /// The buffer's address.
+        ptr: u64,
+        /// Its length.
+        len: usize,
+    },
     /// The buffer overlaps a registered one other than exactly.
-    Overlap { ptr: u64, len: usize, registered: Region },
+    Overlap {
+        /// The buffer's address.
+        ptr: u64,
+        /// Its length.
+        len: usize,
+        /// The registered buffer it overlaps.
+        registered: Region,
+    },
     /// Deregistering a pointer inside a registered buffer, not its base.
-    NotBase { ptr: u64, base: u64, offset: u64 },
+    NotBase {
+        /// The pointer given.
+        ptr: u64,
+        /// The registered buffer's base.
+        base: u64,
+        /// How far into it `ptr` lies.
+        offset: u64,
+    },
     /// CUDA does not know the memory at `ptr`.
-    UnknownMemory { ptr: u64, source: Box<GdsError> },
+    UnknownMemory {
+        /// The pointer given.
+        ptr: u64,
+        /// What CUDA said.
+        source: Box<GdsError>,
+    },
     /// GPUDirect Storage is not there for this request (a reason for a human).
     Unavailable(String),
     /// Several independent failures (both libraries missing; several steps of a close).

@@ -4,13 +4,13 @@
 
 use std::path::PathBuf;
 
-use super::catch::catch;
-use super::config::DriverSettings;
-use super::cufile_ops::{global, CuFileOps, ProcessEnv};
-use super::driver::CoreGuard;
-use super::probe::environment;
-use super::region::Region;
-use super::transfer::{self, GdsTransfer};
+use crate::gds::shim::catch::catch;
+use crate::gds::shim::config::DriverSettings;
+use crate::gds::driver::cufile_ops::{global, CuFileOps, ProcessEnv};
+use crate::gds::driver::lifecycle::CoreGuard;
+use crate::gds::shim::probe::environment;
+use crate::gds::region::Region;
+use crate::gds::transfer::gds_transfer::{self as transfer, GdsTransfer};
 use crate::error::{catch_unwind_text, Error, Result};
 
 /// Adds cuFile's own explanation to a refused file registration: cuFile
@@ -72,6 +72,7 @@ impl GdsDriver {
 /// One reference on the open cuFile driver. Dropping it releases the
 /// reference; the last drop closes the driver. `Send + Sync`: one guard may
 /// be shared by a handle's threads, and it may be dropped on any thread.
+#[must_use = "dropping the guard releases the driver at once (the last one closes it)"]
 pub struct GdsDriverGuard {
     guard: CoreGuard<'static, CuFileOps, ProcessEnv>,
 }

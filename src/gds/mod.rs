@@ -1,7 +1,7 @@
 //! GPUDirect Storage through cuFile: the device side of DeepSpeed's
 //! `deepspeed_gds_handle_t` / `gds_op_desc_t`, without torch.
 //!
-//! * [`probe()`] says once per process whether GDS can work here and, if not,
+//! * [`crate::diag::gds_probe`] says once per process whether GDS can work here and, if not,
 //!   exactly what is missing (libcufile and the names searched, libcuda /
 //!   the NVIDIA driver, a CUDA device, or the `cuFileDriverOpen` status and
 //!   errno).
@@ -16,7 +16,7 @@
 //! * [`GdsDriverGuard::run_transfer`] moves one [`GdsTransfer`].
 //!
 //! Nothing here panics or exits on a missing library, a missing GPU or a
-//! cuFile failure: libcufile and libcuda are loaded by hand (`dl.rs`; no
+//! cuFile failure: libcufile and libcuda are loaded by hand (`shim/dl.rs`; no
 //! CUDA or cuFile header or library is needed to build), every entry point
 //! catches panics, and `cuFileDriverOpen` is only called once libcuda has
 //! loaded, `cuInit` has succeeded and a device is visible (without libcuda,
@@ -27,43 +27,35 @@
 //! expanded); cuFile's log goes there too instead of `./cufile.log`; every
 //! failure is an error for the caller instead of `exit()`.
 
+// Three floors, bottom up (`tests/module_graph.rs` checks that none
+// names a floor above it): `shim` the dlopen'ed libraries, `driver` the
+// process-wide driver on them, `transfer` the transfers on both. `error`
+// and `region` are the types every floor shares; `guard`, `available` and
+// `op` are the handle-level API on top.
+pub(crate) mod driver;
+pub(crate) mod error;
+pub(crate) mod shim;
+pub(crate) mod transfer;
+
 mod available;
-mod catch;
-mod config;
-mod context;
-mod cuda_api;
-mod cufile_api;
-mod cufile_ops;
-mod dl;
-mod driver;
-mod error;
-mod fd_handles;
 mod guard;
-mod io_outcome;
-mod piece_pool;
-mod pieces;
-mod probe;
 mod region;
-mod registry;
-mod status;
-mod symbols;
-mod transfer;
 
 pub(crate) mod op;
 
-// The public surface: the handle-level API (probe, the driver and its
-// guard, a transfer), the errors and the types their fields name, and the
-// environment variables the README documents. Everything else is the
-// crate's own.
-pub use available::{environment_summary, probe};
-pub use config::{DriverSettings, CUFILE_ENV_PATH_JSON};
-pub use dl::LoadFailure;
-pub use error::{CudaStatus, GdsError, GdsLibrary, LoadedLibrary};
+// The public surface: the handle-level API (the driver and its guard, a
+// transfer), the errors and the types their fields name. The probe and the
+// environment variables reach the CLI through `crate::diag`; everything
+// else is the crate's own.
+pub use shim::config::DriverSettings;
+pub use shim::dl::LoadFailure;
+pub use error::{CudaStatus, GdsLibrary, LoadedLibrary};
+pub(crate) use error::GdsError;
 pub use guard::{GdsDriver, GdsDriverGuard};
-pub use probe::{CUDA_LIB_ENV, CUFILE_LIB_ENV};
 pub use region::Region;
-pub use transfer::GdsTransfer;
+pub use transfer::gds_transfer::GdsTransfer;
 
+pub(crate) use available::{environment_summary, probe};
 pub(crate) use available::unavailable;
 
 #[cfg(test)]

@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 
-use super::guard::GdsDriverGuard;
-use super::transfer::GdsTransfer;
+use crate::gds::guard::GdsDriverGuard;
+use crate::gds::transfer::gds_transfer::GdsTransfer;
 use crate::engine::Engine;
 use crate::buffer::{Location, Staging};
 use crate::error::{Direction, Error, Result, TransferError};
@@ -72,7 +72,7 @@ impl OpCompletion for GdsCompletion {
                     staging.copy_to_bounce(host.as_mut_slice())?;
                     report_validation(self.direction, &self.file, self.file_offset, host.as_slice());
                 }
-                None => crate::log::stdout_line(&format!(
+                None => crate::rt::log::stdout_line(&format!(
                     "Fail: correctness of {} of {}: no way to read the device buffer back",
                     self.direction.verb(),
                     self.file.display_path().display()

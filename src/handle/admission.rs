@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::latch::thread_token;
 use crate::error::{Error, Result};
-use crate::sync::{Mutex, MutexGuard};
+use crate::rt::sync::{Mutex, MutexGuard};
 
 /// The admission lock, which knows its holder so that a call back into the
 /// handle from inside an admission fails instead of deadlocking.

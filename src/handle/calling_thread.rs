@@ -1,6 +1,6 @@
 //! Ops on the calling thread: DeepSpeed's `read`/`write`, small
 //! blocking ops, and one-shot transfers without a handle (on the calling
-//! thread's own engine, made afresh in a child of `fork()`: see `threads.rs`).
+//! thread's own engine, made afresh in a child of `fork()`: see `rt/threads.rs`).
 //! The first and the last are DeepSpeed-shaped, so crate-internal:
 //! `crate::deepspeed` calls them.
 
@@ -8,7 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::api::*;
+use super::construction::*;
 use super::order::*;
 use super::outcome::finish_panic;
 use super::windowed::*;
@@ -16,13 +16,13 @@ use super::workers::*;
 use crate::config::HandleConfig;
 use crate::engine::{Engine, EngineKind, Submitter};
 use crate::error::{panic_text, Direction, Error, Result};
-use crate::op::read_ahead::ReadAheadMemory;
-use crate::op::window::{ChunkRunner, Windowed, WindowedOp};
+use crate::bounce::read_ahead::ReadAheadMemory;
+use crate::bounce::window::{ChunkRunner, Windowed, WindowedOp};
 use crate::op::work::{OpCompletion, OpFootprint, OpWork};
 use crate::op::{CpuOp, Mode, OpRequest, Prepared};
 use crate::pinned::PinnedMemoryManager;
 use crate::stats::{self, OpRecord};
-use crate::threads::StartedIn;
+use crate::rt::threads::StartedIn;
 
 impl IoHandle {
     /// `read`/`write`: one synchronous, unsplit transfer on the calling

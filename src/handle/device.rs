@@ -23,3 +23,4 @@ pub(super) enum DeviceRoute {
     /// CUDA buffers are refused, naming why GDS is unavailable.
     GdsUnavailable(String),
 }
+

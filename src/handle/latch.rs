@@ -14,7 +14,7 @@ use std::sync::{Arc, Weak};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use crate::sync::{Condvar, Mutex};
+use crate::rt::sync::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
 use crate::op::work::{OpCompletion, OpMeta, OpWork};

@@ -14,7 +14,7 @@
 //! are copied out, on the submitting thread), and an op's slices start only
 //! once earlier ops on the same file bytes have run theirs (`after`). A
 //! blocking op on bounced memory larger than a window first finishes every
-//! pending op, then streams through the bounce windows (`op/window.rs`).
+//! pending op, then streams through the bounce windows (`bounce/window.rs`).
 //!
 //! A worker with an io_uring ring streams back-to-back ops (`QueuedRuns`):
 //! the slices queued behind the one it runs start in the ring's slots as
@@ -45,26 +45,37 @@
 //! whole requests, `read`/`write`, `aio_read`) are `pub(crate)` and reached
 //! from outside only through `crate::deepspeed`.
 //!
-//! One concept per file: `api` (the handle and the Rust API), `submit`
-//! (the queue, ordering and waits), `latch` (an op in flight), `workers`
-//! (threads and op streams), `calling_thread` (ops on the caller's thread),
-//! `windowed` (blocking ops through bounce windows), `device` (GDS routing)
-//! `owned` (owned buffers) and `scoped` (async ops on borrowed memory).
+//! One concern per file, each with the `impl IoHandle` methods of its
+//! concern: `construction` (the handle's parts, `new`, `new_gds`, drop, the
+//! process it belongs to), `reporting` (knobs, engine, pending ops,
+//! statistics), `borrowed` (`read_into`/`write_from`), `owned` (owned
+//! buffers, `submit_read`/`submit_write`, `Pending`), `scoped` (async ops
+//! on borrowed memory), `device` (GDS routing), `registration` (GDS buffer
+//! registration), `order`
+//! (the one ordering point and the waits on its order) with `admission`
+//! (its lock and sequence numbers), `submit` (the entry points that admit
+//! and run ops), `outcome` (what a call reports), `latch` (an op in
+//! flight, driven and parked ops), `workers` (threads and op streams),
+//! `calling_thread` (ops on the caller's thread) and `windowed` (blocking
+//! ops through bounce windows on the workers).
 
 mod admission;
-mod api;
+mod borrowed;
 mod calling_thread;
+mod construction;
 mod device;
 mod latch;
 mod order;
 mod outcome;
 mod owned;
+mod registration;
+mod reporting;
 mod scoped;
 mod submit;
 mod windowed;
 mod workers;
 
-pub use api::IoHandle;
+pub use construction::IoHandle;
 pub use owned::Pending;
 pub use scoped::OpScope;
 #[cfg(any(test, feature = "test-support", feature = "python"))]

@@ -34,7 +34,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::api::*;
+use super::construction::*;
 use super::latch::*;
 use super::admission::AdmissionTurn;
 use super::outcome::{finish_panic, Errors};

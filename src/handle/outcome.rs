@@ -22,7 +22,7 @@ impl Errors {
     /// otherwise be lost with it).
     pub(super) fn log_dropped(&mut self) {
         if let Some(e) = self.first.take() {
-            crate::log::error(&format!("{e} (an op finished by a call that was then interrupted)"));
+            crate::rt::log::error(&format!("{e} (an op finished by a call that was then interrupted)"));
         }
     }
 

@@ -5,10 +5,14 @@
 
 use std::sync::Arc;
 
-use crate::sync::Mutex;
+use crate::rt::sync::Mutex;
 
 use crate::buffer::{BufferDesc, HostMemcpy, IoBuffer, Staging};
-use crate::error::Result;
+use super::borrowed::offset_arg;
+use super::construction::IoHandle;
+use crate::error::{Direction, Result};
+use crate::file::FileTarget;
+use crate::op::OpRequest;
 
 /// An async op's buffer, handed back once the op is finished.
 ///
@@ -29,6 +33,7 @@ use crate::error::Result;
 /// # std::fs::remove_dir_all(&dir)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[must_use = "dropping a Pending loses the way back to the buffer: take() it after wait()"]
 pub struct Pending<B> {
     pub(super) slot: Arc<Mutex<Option<B>>>,
 }
@@ -65,5 +70,56 @@ impl<B: IoBuffer> Staging for OwnedStaging<B> {
 impl<B: IoBuffer> Drop for OwnedStaging<B> {
     fn drop(&mut self) {
         *self.slot.lock() = self.buffer.take();
+    }
+}
+
+impl IoHandle {
+    /// An async parallel read into `buffer`, which the op owns until `wait()`
+    /// finishes it; [`Pending::take`] then gives it back. On an error the
+    /// buffer is dropped.
+    pub fn submit_read<B: IoBuffer>(
+        &self,
+        buffer: B,
+        target: FileTarget<'_>,
+        file_offset: u64,
+    ) -> Result<Pending<B>> {
+        self.submit_owned(Direction::Read, buffer, target, file_offset)
+    }
+
+    /// An async parallel write of `buffer` (owned by the op until `wait()`
+    /// finishes it, then given back by [`Pending::take`]).
+    pub fn submit_write<B: IoBuffer>(
+        &self,
+        buffer: B,
+        target: FileTarget<'_>,
+        file_offset: u64,
+    ) -> Result<Pending<B>> {
+        self.submit_owned(Direction::Write, buffer, target, file_offset)
+    }
+
+    pub(super) fn submit_owned<B: IoBuffer>(
+        &self,
+        direction: Direction,
+        mut buffer: B,
+        target: FileTarget<'_>,
+        file_offset: u64,
+    ) -> Result<Pending<B>> {
+        let desc = buffer.io_desc();
+        let slot = Arc::new(Mutex::new(None));
+        let hold = OwnedStaging {
+            buffer: Some(buffer),
+            desc,
+            slot: slot.clone(),
+        };
+        let request = OpRequest {
+            direction,
+            target,
+            file_offset: offset_arg(file_offset)?,
+            buffer: desc,
+            staging: Some(Box::new(hold)),
+            validate: false,
+        };
+        self.submit(request, true)?;
+        Ok(Pending { slot })
     }
 }

@@ -12,7 +12,8 @@ use crate::error::{Direction, Result};
 use crate::file::FileTarget;
 use crate::op::OpRequest;
 
-use super::api::{offset_arg, IoHandle};
+use super::borrowed::offset_arg;
+use super::construction::IoHandle;
 
 /// The ops of one [`IoHandle::scope`] call. `'env` is what the buffers are
 /// borrowed for: longer than the scope, so no buffer can be dropped, moved

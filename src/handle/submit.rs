@@ -1,14 +1,15 @@
 //! Submitting ops and waiting for them: the queue, the order of ops on
 //! shared memory and file bytes, blocking calls and `wait()`. The
 //! DeepSpeed-shaped entry points here (`submit`, `pread`/`pwrite`, the
-//! polling `*_with` pair) are crate-internal: the Rust API (`api.rs`,
-//! `scoped.rs`) is built on them, and `crate::deepspeed` exposes them.
+//! polling `*_with` pair) are crate-internal: the Rust API (`borrowed.rs`, `owned.rs`,
+//! `scoped.rs`) is built on them, and the front ends reach them through
+//! `crate::deepspeed`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::api::*;
+use super::construction::*;
 use super::device::*;
 use super::latch::*;
 use super::admission::AdmissionTurn;
@@ -16,12 +17,11 @@ use super::order::*;
 use super::outcome::{combine, finish_panic};
 use super::windowed::*;
 use super::workers::*;
-use crate::buffer::{BufferDesc, Location};
+use crate::buffer::Location;
 use crate::error::{Direction, Result};
-use crate::file::FileTarget;
 use crate::knobs;
 use crate::op::checks::check_divisible;
-use crate::op::window::WindowedOp;
+use crate::bounce::window::WindowedOp;
 use crate::op::work::{OpCompletion, OpFootprint, PreparedOp};
 use crate::op::{CpuOp, Mode, OpRequest, Prepared};
 use crate::stats;
@@ -212,33 +212,30 @@ impl IoHandle {
 
     /// `pread(buffer, target, file_offset, async)` with DeepSpeed's
     /// meaning: a parallel read, async (returns 0) or blocking (returns the
-    /// ops finished). `buffer`'s contract ([`BufferDesc::from_raw_parts`])
-    /// holds until the op is finished.
+    /// ops finished). `buffer`'s contract ([`crate::BufferDesc::from_raw_parts`])
+    /// holds until the op is finished. The tests' shorthand; the front ends
+    /// build an [`OpRequest`] and call [`IoHandle::submit`].
+    #[cfg(any(test, feature = "test-support"))]
     pub(crate) fn pread(
         &self,
-        buffer: BufferDesc,
-        target: FileTarget<'_>,
+        buffer: crate::BufferDesc,
+        target: crate::FileTarget<'_>,
         file_offset: i64,
         is_async: bool,
     ) -> Result<usize> {
-        self.submit(
-            OpRequest::new(Direction::Read, target, file_offset, buffer),
-            is_async,
-        )
+        self.submit(OpRequest::new(Direction::Read, target, file_offset, buffer), is_async)
     }
 
     /// `pwrite(buffer, target, file_offset, async)`: as [`IoHandle::pread`], writing.
+    #[cfg(any(test, feature = "test-support"))]
     pub(crate) fn pwrite(
         &self,
-        buffer: BufferDesc,
-        target: FileTarget<'_>,
+        buffer: crate::BufferDesc,
+        target: crate::FileTarget<'_>,
         file_offset: i64,
         is_async: bool,
     ) -> Result<usize> {
-        self.submit(
-            OpRequest::new(Direction::Write, target, file_offset, buffer),
-            is_async,
-        )
+        self.submit(OpRequest::new(Direction::Write, target, file_offset, buffer), is_async)
     }
 
     /// Slice `i` to worker `i % workers`.
@@ -272,6 +269,7 @@ struct Admitted {
 }
 
 /// What the handle runs for a request.
+#[must_use = "an op the handle does not run never moves its bytes"]
 pub(super) enum HandleOp {
     /// An op for the queue (or, small and blocking, the calling thread).
     Queued(PreparedOp),

@@ -8,13 +8,13 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::api::IoHandle;
+use super::construction::IoHandle;
 use super::latch::*;
 use super::outcome::{combine, finish_panic};
 use super::workers::*;
 use crate::error::{Error, Result};
-use crate::op::read_ahead::ReadAheadMemory;
-use crate::op::window::{ChunkRunner, Suspended, Windowed, WindowedOp};
+use crate::bounce::read_ahead::ReadAheadMemory;
+use crate::bounce::window::{ChunkRunner, Suspended, Windowed, WindowedOp};
 use crate::op::work::{OpCompletion, OpMeta, OpWork};
 
 pub(super) fn windowed_meta(op: &WindowedOp) -> OpMeta {
@@ -200,7 +200,7 @@ impl IoHandle {
                 drop(parked);
                 if let Some(e) = interruption {
                     if let Err(failed) = &outcome {
-                        crate::log::error(&failed.to_string());
+                        crate::rt::log::error(&failed.to_string());
                     }
                     return Err(e);
                 }
@@ -245,7 +245,7 @@ impl IoHandle {
                 if let Err(e) = between() {
                     if !writes {
                         if let Some(Err(kept)) = entry.release_from_caller() {
-                            crate::log::error(&kept.to_string());
+                            crate::rt::log::error(&kept.to_string());
                         }
                         return Err(e);
                     }

@@ -111,7 +111,7 @@ pub(super) fn worker_engine(
     let engine = match engine::create_for(kind, queue_depth, submitter) {
         Ok(e) => e,
         Err(err) => {
-            crate::log::info_once(
+            crate::rt::log::info_once(
                 "worker-engine-fallback",
                 &format!("{err}; this worker uses the psync engine"),
             );

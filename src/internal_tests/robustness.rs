@@ -60,7 +60,7 @@ fn a_panicking_slice_fails_its_op_without_hanging_the_handle() {
 }
 
 /// Records the thread each slice ran on, and the engine kind it ran with.
-struct ThreadRecordingWork(Arc<crate::sync::Mutex<Vec<(std::thread::ThreadId, crate::engine::EngineKind)>>>);
+struct ThreadRecordingWork(Arc<crate::rt::sync::Mutex<Vec<(std::thread::ThreadId, crate::engine::EngineKind)>>>);
 
 impl OpWork for ThreadRecordingWork {
     fn slice_count(&self) -> usize {
@@ -91,12 +91,12 @@ fn small_blocking_ops_run_on_the_calling_thread_and_the_rest_on_workers() {
         for (bytes, is_async_first, inline) in cases {
             let finished = Arc::new(AtomicUsize::new(0));
             if is_async_first {
-                let threads = Arc::new(crate::sync::Mutex::new(Vec::new()));
+                let threads = Arc::new(crate::rt::sync::Mutex::new(Vec::new()));
                 let work = Arc::new(ThreadRecordingWork(threads));
                 let op = PreparedOp { work, completion: Box::new(CountFinish(finished.clone())), meta: meta(bytes) };
                 assert_eq!(h.dispatch_prepared(op, true).unwrap(), 0);
             }
-            let threads = Arc::new(crate::sync::Mutex::new(Vec::new()));
+            let threads = Arc::new(crate::rt::sync::Mutex::new(Vec::new()));
             let work = Arc::new(ThreadRecordingWork(threads.clone()));
             let op = PreparedOp { work, completion: Box::new(CountFinish(finished.clone())), meta: meta(bytes) };
             let counted = h.dispatch_prepared(op, false).unwrap();
@@ -112,7 +112,7 @@ fn small_blocking_ops_run_on_the_calling_thread_and_the_rest_on_workers() {
         let err = h.dispatch_prepared(op, false).expect_err("the panicking inline op must fail");
         assert!(err.to_string().contains("injected panic in slice 1"), "{err}");
         assert_eq!(finished.load(Ordering::SeqCst), 1);
-        let threads = Arc::new(crate::sync::Mutex::new(Vec::new()));
+        let threads = Arc::new(crate::rt::sync::Mutex::new(Vec::new()));
         let work = Arc::new(ThreadRecordingWork(threads.clone()));
         let op = PreparedOp { work, completion: Box::new(CountFinish(finished)), meta: meta(4096) };
         assert_eq!(h.dispatch_prepared(op, false).unwrap(), 1, "{engine:?}: the handle works after an inline panic");
@@ -133,7 +133,7 @@ fn one_block_blocking_ops_use_plain_syscalls_on_the_calling_thread() {
     for engine in engines() {
         let h = handle_with(engine, block, 4, false, true, 2);
         for (bytes, expected) in [(block, EngineKind::Psync), (block + 1, engine), (8 * block, engine)] {
-            let ran = Arc::new(crate::sync::Mutex::new(Vec::new()));
+            let ran = Arc::new(crate::rt::sync::Mutex::new(Vec::new()));
             let meta = OpMeta { bytes: bytes as u64, may_run_inline: true, ..Default::default() };
             let work = Arc::new(ThreadRecordingWork(ran.clone()));
             let op = PreparedOp { work, completion: Box::new(CountFinish(Arc::new(AtomicUsize::new(0)))), meta };
@@ -287,7 +287,7 @@ fn a_panic_in_finishing_an_op_fails_it_and_releases_every_waiter() {
     use crate::op::work::OpMeta;
     for engine in engines() {
         let h = handle_with(engine, 4096, 4, false, true, 2);
-        let threads = Arc::new(crate::sync::Mutex::new(Vec::new()));
+        let threads = Arc::new(crate::rt::sync::Mutex::new(Vec::new()));
         let meta = OpMeta { bytes: 8192, ..Default::default() };
         let op = PreparedOp { work: Arc::new(ThreadRecordingWork(threads)), completion: Box::new(PanickingFinish), meta };
         assert_eq!(h.dispatch_prepared(op, true).unwrap(), 0);
@@ -304,7 +304,7 @@ fn a_panic_in_finishing_an_op_fails_it_and_releases_every_waiter() {
         assert_eq!(h.pending_ops(), 0, "{engine:?}: the op left the queue");
         let finished = Arc::new(AtomicUsize::new(0));
         let op = PreparedOp {
-            work: Arc::new(ThreadRecordingWork(Arc::new(crate::sync::Mutex::new(Vec::new())))),
+            work: Arc::new(ThreadRecordingWork(Arc::new(crate::rt::sync::Mutex::new(Vec::new())))),
             completion: Box::new(CountFinish(finished.clone())),
             meta,
         };

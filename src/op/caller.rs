@@ -19,8 +19,8 @@
 //! No I/O thread ever copies to or from movable caller memory: copies run on
 //! the thread that submits (a write's bytes) or that waits (a read's), or
 //! for a blocking op, the calling thread between the windows it streams
-//! through (`window.rs`). A copy of 1 MiB or more shares its pieces with
-//! the process's copy helpers (`host_copy/helpers.rs`), but the calling
+//! through (`bounce/window.rs`). A copy of 1 MiB or more shares its pieces with
+//! the process's copy helpers (`bounce/copy/helpers.rs`), but the calling
 //! thread returns from it, and so leaves the hold, only once every piece is
 //! done: the helpers copy inside the same hold, never after it.
 //!
@@ -79,11 +79,7 @@ impl CallerMemory {
 /// A tensor whose storage was replaced (`set_`, `resize_`, `.data =`) or
 /// freed while its op was in flight: nothing is copied into it.
 pub(crate) fn moved_error(what: String, given: (usize, usize), now: (usize, usize)) -> Error {
-    Error::Copy(format!(
-        "{what}: the tensor had its storage replaced while the op was in flight (set_, resize_ or .data =): it \
-         was {} bytes at {:#x}, it is now {} bytes at {:#x}; no byte was copied to or from its new memory",
-        given.1, given.0, now.1, now.0
-    ))
+    Error::StorageReplaced { op: what, given, now }
 }
 
 /// `len` bytes at `ptr` as a slice; an empty slice for `len == 0` (whose

@@ -63,7 +63,7 @@ pub(crate) fn report_validation(direction: Direction, file: &OpenFile, offset: u
         },
         Err(e) => format!("Fail: correctness of {verb} of {}: could not re-read: {e}", name.display()),
     };
-    crate::log::stdout_line(&line);
+    crate::rt::log::stdout_line(&line);
 }
 
 /// Reads `len` bytes at `offset` with a fresh buffered, read-only descriptor.

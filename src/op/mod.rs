@@ -23,8 +23,6 @@
 pub(crate) mod caller;
 pub(crate) mod checks;
 pub(crate) mod plan;
-pub(crate) mod read_ahead;
-pub(crate) mod window;
 pub(crate) mod work;
 
 use std::sync::Arc;
@@ -34,20 +32,24 @@ use crate::buffer::{BufferDesc, HostMemcpy, Staging};
 use crate::engine::AioParams;
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::{FileTarget, OpenFile};
-use crate::host_copy::parallel_copy;
+use crate::bounce::copy::parallel_copy;
 use crate::pinned::{page_size, PinnedMemoryManager, RegionHold};
 use caller::{bytes, bytes_mut, CallerMemory};
 use checks::{check_file_offset, check_read_extent, describe_op, report_validation};
-use plan::OpPlan;
-use window::WindowedOp;
+use plan::{IoSpan, OpPlan};
+use crate::bounce::window::WindowedOp;
 use work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
 
 /// A request to move one buffer, as DeepSpeed's calls make it (an `i64`
-/// offset, a front end's staging, `validate`): what [`crate::deepspeed::calls`] take.
+/// offset, a front end's staging, `validate`): what the front ends and `IoHandle::submit` take.
 pub struct OpRequest<'a> {
+    /// Read or write.
     pub direction: Direction,
+    /// The file.
     pub target: FileTarget<'a>,
+    /// Where in the file (negative is refused).
     pub file_offset: i64,
+    /// The caller's memory.
     pub buffer: BufferDesc,
     /// How to copy when the op bounces, and the op's hold on the caller's
     /// memory until it finishes. `None` is fine for contiguous host memory
@@ -193,7 +195,7 @@ impl CpuOp {
             };
             let skew = (file_offset % page_size() as u64) as usize;
             let caller = host.then_some(CallerMemory { addr: given.0, len });
-            let window = window::window_bytes(parallelism, &params);
+            let window = crate::bounce::window::window_bytes(parallelism, &params);
             if mode == Mode::Blocking && len > window {
                 if let Some(caller) = caller {
                     let op = WindowedOp::new(direction, file, file_offset, caller, staging, skew, validate);
@@ -222,7 +224,8 @@ impl CpuOp {
             IoMemory::Direct { .. } => buffer.ptr(),
             IoMemory::Bounce { buffer: bounce, skew, .. } => bounce.as_ptr().wrapping_add(*skew),
         };
-        let plan = crate::stripe::plan_op(direction, &mut file, file_offset, io_ptr, len, parallelism, params, registrable)?;
+        let span = IoSpan { ptr: io_ptr, len, registrable };
+        let plan = crate::stripe::plan_op(direction, &mut file, file_offset, span, parallelism, params)?;
         Ok(Prepared::Op(CpuOp { plan, file, file_offset, len, io_ptr, memory, validate, given, footprint, copied_out: false, copy_error: None }))
     }
 
@@ -273,7 +276,7 @@ impl CpuOp {
         })?;
         let Some(now) = now.filter(|now| *now != self.given) else { return Ok(()) };
         if self.plan.direction == Direction::Write {
-            crate::log::info_once(
+            crate::rt::log::info_once(
                 "write-storage-swapped",
                 &format!(
                     "a tensor's storage was replaced while its write to {} was in flight; the write used the \

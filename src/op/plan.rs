@@ -300,19 +300,25 @@ pub(crate) fn patch_buffered_fd(slices: &mut [SlicePlan], fd: RawFd) {
     }
 }
 
-/// Plans an op's slices over `io_ptr` (opening the buffered descriptor
+/// The memory an op's I/O moves: `len` bytes at `ptr` (the caller's, or a
+/// bounce buffer), and whether io_uring may register it.
+pub(crate) struct IoSpan {
+    pub ptr: *mut u8,
+    pub len: usize,
+    pub registrable: Option<Arc<crate::engine::fixed::RegistrableMemory>>,
+}
+
+/// Plans an op's slices over `memory` (opening the buffered descriptor
 /// when some bytes cannot go direct).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_op(
     direction: Direction,
     file: &mut OpenFile,
     file_offset: u64,
-    io_ptr: *mut u8,
-    len: usize,
+    memory: IoSpan,
     parallelism: usize,
     params: AioParams,
-    registrable: Option<Arc<crate::engine::fixed::RegistrableMemory>>,
 ) -> Result<Arc<OpPlan>> {
+    let IoSpan { ptr: io_ptr, len, registrable } = memory;
     let direct = file.direct();
     let mut slices = plan_slices(file_offset, io_ptr, len, parallelism, direct, BUFFERED_FD_PLACEHOLDER);
     if needs_buffered(&slices) {

@@ -140,6 +140,7 @@ pub(crate) struct OpMeta {
 }
 
 /// An op ready to be dispatched.
+#[must_use = "an op prepared but not dispatched never runs"]
 pub(crate) struct PreparedOp {
     pub work: Arc<dyn OpWork>,
     pub completion: Box<dyn OpCompletion>,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::engine::fixed::RegistrableMemory;
 use crate::error::Result;
-use crate::sync::{RwLock, RwLockWriteGuard};
+use crate::rt::sync::{RwLock, RwLockWriteGuard};
 
 use super::index::PageIndex;
 use super::page_buffer::{release_raw, LockMode, PageAlignedBuffer};
@@ -122,9 +122,9 @@ impl PinnedMemoryManager {
     }
 
     /// The one manager of this process. (The way in to it also installs
-    /// the fork handlers, which hold its lock across `fork()`: see `fork.rs`.)
+    /// the fork handlers, which hold its lock across `fork()`: see `rt/fork.rs`.)
     pub fn shared() -> &'static PinnedMemoryManager {
-        crate::fork::install();
+        crate::rt::fork::install();
         &SHARED
     }
 
@@ -166,7 +166,7 @@ impl PinnedMemoryManager {
                     unsafe { libc::munlock(r.base as *const libc::c_void, r.mapped) };
                 }
                 if Arc::strong_count(&r) > 1 + usize::from(r.owned) {
-                    crate::log::info_once(
+                    crate::rt::log::info_once(
                         "free-in-flight",
                         &format!(
                             "locked memory at {base:p} ({} bytes) was freed while an I/O op still uses it; \
@@ -209,14 +209,14 @@ impl PinnedMemoryManager {
 
 /// The process-wide manager's registry, held (for writing) across `fork()`
 /// by the fork handler, so that no other thread is inside it at the fork
-/// and a child can take it (see `fork.rs`).
+/// and a child can take it (see `rt/fork.rs`).
 struct RegistryHeld {
     _registry: RwLockWriteGuard<'static, Registry>,
 }
 
-/// The fork handler's hook (`fork.rs`): holds the process-wide manager's
+/// The fork handler's hook (`rt/fork.rs`): holds the process-wide manager's
 /// registry, for writing, across `fork()`.
-pub(crate) fn hold_for_fork(_: std::time::Instant) -> crate::fork::Held {
+pub(crate) fn hold_for_fork(_: std::time::Instant) -> crate::rt::fork::Held {
     Some(Box::new(RegistryHeld { _registry: SHARED.regions.write() }))
 }
 

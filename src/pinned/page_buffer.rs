@@ -114,22 +114,28 @@ impl PageAlignedBuffer {
         Ok(buf)
     }
 
+    /// The first byte.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
+    /// The length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
+    /// No bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Whether `mlock` succeeded on it.
     pub fn is_locked(&self) -> bool {
         self.locked
     }
+    /// Its bytes.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the mapping is at least `len` readable bytes owned by self.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
+    /// Its bytes, to write.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` makes the access unique.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
@@ -273,10 +279,14 @@ impl Drop for PageAlignedBuffer {
     }
 }
 
+/// Whether a [`PageAlignedBuffer`] is page-locked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockMode {
+    /// Not locked.
     None,
+    /// Locked when RLIMIT_MEMLOCK allows, else left unlocked.
     BestEffort,
+    /// Locked, or an error.
     Required,
 }
 

@@ -133,7 +133,7 @@ impl Staging for PyStaging {
     /// object's memory (a tensor's `resize_`/`set_`, a bytearray's resize is
     /// refused anyway while `_hold` holds its export).
     fn hold_still(&self, access: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        crate::interpreter::with_interpreter_lock(access)
+        crate::rt::interpreter::with_interpreter_lock(access)
     }
 
     fn current_extent(&self) -> Option<(usize, usize)> {

@@ -5,21 +5,20 @@
 use pyo3::prelude::*;
 
 use super::buffer::{describe, path_arg, py_err};
+use crate::config::DeepSpeedKnobs;
 use crate::deepspeed::{self, Request, Target};
 use crate::error::Direction;
 
-#[allow(clippy::too_many_arguments)]
-fn one_shot(
-    py: Python<'_>,
-    read: bool,
-    buffer: &Bound<'_, PyAny>,
-    filename: &Bound<'_, PyAny>,
-    block_size: i64,
-    queue_depth: i64,
-    single_submit: bool,
-    overlap_events: bool,
+/// The arguments `aio_read` and `aio_write` share, past the buffer.
+struct OneShot<'a, 'py> {
+    filename: &'a Bound<'py, PyAny>,
+    knobs: DeepSpeedKnobs,
     validate: bool,
-) -> PyResult<i32> {
+}
+
+fn one_shot(read: bool, buffer: &Bound<'_, PyAny>, args: OneShot<'_, '_>) -> PyResult<i32> {
+    let py = buffer.py();
+    let OneShot { filename, knobs, validate } = args;
     let what = if read { "aio_read" } else { "aio_write" };
     let path = path_arg(filename, what)?;
     let d = describe(py, buffer, read, what)?.for_op();
@@ -31,16 +30,18 @@ fn one_shot(
         staging: Some(Box::new(d.staging)),
         validate,
     };
-    py.detach(move || deepspeed::one_shot(request, block_size, queue_depth, single_submit, overlap_events))
-        .map_err(py_err)
+    py.detach(move || deepspeed::one_shot(request, &knobs)).map_err(py_err)
+}
+
+/// The one-shot transfers' knobs (their parallelism is 1).
+fn one_shot_knobs(block_size: i64, queue_depth: i64, single_submit: bool, overlap_events: bool) -> DeepSpeedKnobs {
+    DeepSpeedKnobs { block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism: 1, use_gds: false }
 }
 
 /// DeepSpeed Asynchronous I/O Read
 #[pyfunction]
 #[pyo3(signature = (buffer, filename, block_size, queue_depth, single_submit, overlap_events, validate, /))]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn aio_read(
-    py: Python<'_>,
     buffer: &Bound<'_, PyAny>,
     filename: &Bound<'_, PyAny>,
     block_size: i64,
@@ -49,15 +50,14 @@ pub(crate) fn aio_read(
     overlap_events: bool,
     validate: bool,
 ) -> PyResult<i32> {
-    one_shot(py, true, buffer, filename, block_size, queue_depth, single_submit, overlap_events, validate)
+    let knobs = one_shot_knobs(block_size, queue_depth, single_submit, overlap_events);
+    one_shot(true, buffer, OneShot { filename, knobs, validate })
 }
 
 /// DeepSpeed Asynchronous I/O Write
 #[pyfunction]
 #[pyo3(signature = (buffer, filename, block_size, queue_depth, single_submit, overlap_events, validate, /))]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn aio_write(
-    py: Python<'_>,
     buffer: &Bound<'_, PyAny>,
     filename: &Bound<'_, PyAny>,
     block_size: i64,
@@ -66,7 +66,8 @@ pub(crate) fn aio_write(
     overlap_events: bool,
     validate: bool,
 ) -> PyResult<i32> {
-    one_shot(py, false, buffer, filename, block_size, queue_depth, single_submit, overlap_events, validate)
+    let knobs = one_shot_knobs(block_size, queue_depth, single_submit, overlap_events);
+    one_shot(false, buffer, OneShot { filename, knobs, validate })
 }
 
 /// DeepSpeed Memory Copy

@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 
 use super::buffer::{describe, path_arg, py_err};
 use super::pinned::new_locked_object;
+use crate::config::DeepSpeedKnobs;
 use crate::deepspeed::{self, Handle, Request, Target};
 use crate::error::Direction;
 use crate::knobs;
@@ -19,11 +20,7 @@ use crate::knobs;
 /// The handle and the knobs it was made with (what the getters return).
 pub(crate) struct Inner {
     handle: Option<Handle>,
-    block_size: i64,
-    queue_depth: i64,
-    single_submit: bool,
-    overlap_events: bool,
-    intra_op_parallelism: i64,
+    knobs: DeepSpeedKnobs,
 }
 
 impl Drop for Inner {
@@ -41,6 +38,18 @@ impl Drop for Inner {
     }
 }
 
+/// One of DeepSpeed's op calls, but for its buffer and file.
+struct Call<'a> {
+    /// The method's name, for errors.
+    what: &'a str,
+    read: bool,
+    validate: bool,
+    /// `Some(async)` for pread/pwrite and their sync_/async_ forms, `None`
+    /// for read/write (one unsplit transfer).
+    is_async: Option<bool>,
+    file_offset: i64,
+}
+
 /// Where an op goes: a file name, or a caller's descriptor.
 enum Dest {
     Path(PathBuf),
@@ -48,44 +57,17 @@ enum Dest {
 }
 
 impl Inner {
-    pub(crate) fn new(
-        py: Python<'_>,
-        block_size: i64,
-        queue_depth: i64,
-        single_submit: bool,
-        overlap_events: bool,
-        intra_op_parallelism: i64,
-        use_gds: bool,
-    ) -> PyResult<Inner> {
-        let handle = py
-            .detach(|| Handle::new(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, use_gds))
-            .map_err(py_err)?;
-        Ok(Inner {
-            handle: Some(handle),
-            block_size,
-            queue_depth,
-            single_submit,
-            overlap_events,
-            intra_op_parallelism,
-        })
+    pub(crate) fn new(py: Python<'_>, knobs: DeepSpeedKnobs) -> PyResult<Inner> {
+        let handle = py.detach(|| Handle::new(&knobs)).map_err(py_err)?;
+        Ok(Inner { handle: Some(handle), knobs })
     }
 
     fn handle(&self) -> &Handle {
         self.handle.as_ref().expect("the handle lives until the object is dropped")
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn op(
-        &self,
-        py: Python<'_>,
-        what: &str,
-        read: bool,
-        buffer: &Bound<'_, PyAny>,
-        dest: Dest,
-        validate: bool,
-        is_async: Option<bool>,
-        file_offset: i64,
-    ) -> PyResult<i32> {
+    fn op(&self, py: Python<'_>, call: Call<'_>, buffer: &Bound<'_, PyAny>, dest: Dest) -> PyResult<i32> {
+        let Call { what, read, validate, is_async, file_offset } = call;
         let described = describe(py, buffer, read, what)?.for_op();
         let target = match &dest {
             Dest::Path(p) => Target::Path(p),
@@ -107,19 +89,9 @@ impl Inner {
         .map_err(py_err)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn path_op(
-        &self,
-        py: Python<'_>,
-        what: &str,
-        read: bool,
-        args: (&Bound<'_, PyAny>, &Bound<'_, PyAny>),
-        validate: bool,
-        is_async: Option<bool>,
-        file_offset: i64,
-    ) -> PyResult<i32> {
-        let path = path_arg(args.1, what)?;
-        self.op(py, what, read, args.0, Dest::Path(path), validate, is_async, file_offset)
+    fn path_op(&self, py: Python<'_>, call: Call<'_>, args: (&Bound<'_, PyAny>, &Bound<'_, PyAny>)) -> PyResult<i32> {
+        let path = path_arg(args.1, call.what)?;
+        self.op(py, call, args.0, Dest::Path(path))
     }
 
     fn async_pwrite(
@@ -138,7 +110,8 @@ impl Inner {
             (Some(f), None) if f.is_instance_of::<pyo3::types::PyInt>() => Dest::Fd(f.extract()?),
             (Some(f), None) => Dest::Path(path_arg(f, "async_pwrite")?),
         };
-        self.op(py, "async_pwrite", false, buffer, dest, false, Some(true), file_offset)
+        let call = Call { what: "async_pwrite", read: false, validate: false, is_async: Some(true), file_offset };
+        self.op(py, call, buffer, dest)
     }
 
     fn wait(&self, py: Python<'_>) -> PyResult<i32> {
@@ -191,57 +164,58 @@ macro_rules! handle_class {
                 overlap_events: bool,
                 intra_op_parallelism: i64,
             ) -> PyResult<Self> {
-                let inner = Inner::new(py, block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, $use_gds)?;
+                let knobs = DeepSpeedKnobs { block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, use_gds: $use_gds };
+                let inner = Inner::new(py, knobs)?;
                 Ok($rust { inner })
             }
 
-            fn get_block_size(&self) -> i64 { self.inner.block_size }
-            fn get_queue_depth(&self) -> i64 { self.inner.queue_depth }
-            fn get_single_submit(&self) -> bool { self.inner.single_submit }
-            fn get_overlap_events(&self) -> bool { self.inner.overlap_events }
-            fn get_intra_op_parallelism(&self) -> i64 { self.inner.intra_op_parallelism }
+            fn get_block_size(&self) -> i64 { self.inner.knobs.block_size }
+            fn get_queue_depth(&self) -> i64 { self.inner.knobs.queue_depth }
+            fn get_single_submit(&self) -> bool { self.inner.knobs.single_submit }
+            fn get_overlap_events(&self) -> bool { self.inner.knobs.overlap_events }
+            fn get_intra_op_parallelism(&self) -> i64 { self.inner.knobs.intra_op_parallelism }
             fn get_alignment(&self) -> i32 { self.inner.handle().alignment() }
 
             /// Synchronous and non-parallel file read. Returns count of completed read ops
             #[pyo3(signature = (buffer, filename, validate, file_offset = 0))]
             fn read(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, filename: &Bound<'_, PyAny>, validate: bool, file_offset: i64) -> PyResult<i32> {
-                self.inner.path_op(py, "read", true, (buffer, filename), validate, None, file_offset)
+                self.inner.path_op(py, Call { what: "read", read: true, validate, is_async: None, file_offset }, (buffer, filename))
             }
 
             /// Synchronous and non-parallel file write. Returns count of completed write ops
             #[pyo3(signature = (buffer, filename, validate, file_offset = 0))]
             fn write(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, filename: &Bound<'_, PyAny>, validate: bool, file_offset: i64) -> PyResult<i32> {
-                self.inner.path_op(py, "write", false, (buffer, filename), validate, None, file_offset)
+                self.inner.path_op(py, Call { what: "write", read: false, validate, is_async: None, file_offset }, (buffer, filename))
             }
 
             /// Parallel file read with option of asynchronous completion. If synchronous, returns count of completed read ops
             #[pyo3(signature = (buffer, filename, validate, r#async, file_offset = 0))]
             fn pread(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, filename: &Bound<'_, PyAny>, validate: bool, r#async: bool, file_offset: i64) -> PyResult<i32> {
-                self.inner.path_op(py, "pread", true, (buffer, filename), validate, Some(r#async), file_offset)
+                self.inner.path_op(py, Call { what: "pread", read: true, validate, is_async: Some(r#async), file_offset }, (buffer, filename))
             }
 
             /// Parallel file write with option of asynchronous completion. If synchronous, returns count of completed write ops
             #[pyo3(signature = (buffer, filename, validate, r#async, file_offset = 0))]
             fn pwrite(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, filename: &Bound<'_, PyAny>, validate: bool, r#async: bool, file_offset: i64) -> PyResult<i32> {
-                self.inner.path_op(py, "pwrite", false, (buffer, filename), validate, Some(r#async), file_offset)
+                self.inner.path_op(py, Call { what: "pwrite", read: false, validate, is_async: Some(r#async), file_offset }, (buffer, filename))
             }
 
             /// Synchronous parallel file read. Returns count of completed read ops
             #[pyo3(signature = (buffer, filename, file_offset = 0))]
             fn sync_pread(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, filename: &Bound<'_, PyAny>, file_offset: i64) -> PyResult<i32> {
-                self.inner.path_op(py, "sync_pread", true, (buffer, filename), false, Some(false), file_offset)
+                self.inner.path_op(py, Call { what: "sync_pread", read: true, validate: false, is_async: Some(false), file_offset }, (buffer, filename))
             }
 
             /// Synchronous parallel file write. Returns count of completed write ops
             #[pyo3(signature = (buffer, filename, file_offset = 0))]
             fn sync_pwrite(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, filename: &Bound<'_, PyAny>, file_offset: i64) -> PyResult<i32> {
-                self.inner.path_op(py, "sync_pwrite", false, (buffer, filename), false, Some(false), file_offset)
+                self.inner.path_op(py, Call { what: "sync_pwrite", read: false, validate: false, is_async: Some(false), file_offset }, (buffer, filename))
             }
 
             /// Asynchronous parallel file read. Returns 0 on success, and subsequent wait() returns count of completed ops.
             #[pyo3(signature = (buffer, filename, file_offset = 0))]
             fn async_pread(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, filename: &Bound<'_, PyAny>, file_offset: i64) -> PyResult<i32> {
-                self.inner.path_op(py, "async_pread", true, (buffer, filename), false, Some(true), file_offset)
+                self.inner.path_op(py, Call { what: "async_pread", read: true, validate: false, is_async: Some(true), file_offset }, (buffer, filename))
             }
 
             /// Asynchronous parallel file write to a file name, or (second

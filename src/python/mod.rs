@@ -110,7 +110,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gds_environment, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add_function(wrap_pyfunction!(_last_admitted_seq, m)?)?;
-    m.add_function(wrap_pyfunction!(crate::log_queue::flush_log, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::rt::log_queue::flush_log, m)?)?;
     // The front end (DeepSpeed's Python API).
     m.add_class::<handle::AioHandle>()?;
     m.add_class::<handle::GdsHandle>()?;

@@ -13,11 +13,12 @@ use super::mark::{self, Mark};
 
 /// The stripe unit `create` uses unless told otherwise: 1 MiB, DeepSpeed's
 /// default block size (docs/perf/striping.md compares units).
-pub const DEFAULT_UNIT: u64 = 1 << 20;
+const DEFAULT_UNIT: u64 = 1 << 20;
 
 /// How to make a set.
 #[derive(Clone, Debug)]
 pub struct CreateOptions {
+    /// Bytes of a file on one member before the next member's turn.
     pub unit: u64,
 }
 
@@ -45,7 +46,7 @@ fn canonical_dir(path: &Path, what: &str) -> Result<PathBuf, String> {
 
 /// Whether the file system of folder `dir` keeps user extended attributes
 /// (the placeholders' marks need them), by marking a probe file.
-pub fn check_xattrs(dir: &Path) -> io::Result<()> {
+fn check_xattrs(dir: &Path) -> io::Result<()> {
     probe_xattrs(dir)
 }
 
@@ -62,7 +63,7 @@ fn probe_xattrs(dir: &Path) -> io::Result<()> {
 /// Makes `nvme_path` a stripe set over `members` (folders, made if
 /// missing). Every member folder must be empty but for `lost+found`, and
 /// no set may be inside another. Returns the manifest written.
-pub fn create(nvme_path: &Path, members: &[PathBuf], options: &CreateOptions) -> Result<Manifest, String> {
+fn create(nvme_path: &Path, members: &[PathBuf], options: &CreateOptions) -> Result<Manifest, String> {
     check_unit(options.unit)?;
     if members.is_empty() {
         return Err("a stripe set needs at least one member folder".into());
@@ -171,13 +172,17 @@ fn files_under(dir: &Path, skip: &[&str]) -> Vec<PathBuf> {
 /// One member folder, as `inspect` and the doctor see it.
 #[derive(Clone, Debug)]
 pub struct MemberInfo {
+    /// Its place in the stripe order.
     pub index: usize,
+    /// The member folder.
     pub path: PathBuf,
     /// `Ok` when its marker names this set and place, else why not.
     pub marker: Result<(), String>,
     /// The device its folder is on (major, minor).
     pub device: Option<(u32, u32)>,
+    /// Free bytes on its file system (`statvfs`), when known.
     pub free_bytes: Option<u64>,
+    /// Size of its file system, when known.
     pub total_bytes: Option<u64>,
     /// Bytes of member files allocated on it (`st_blocks`).
     pub used_bytes: u64,
@@ -186,7 +191,9 @@ pub struct MemberInfo {
 /// A set as `deepnvme stripe inspect NVME_PATH` shows it.
 #[derive(Clone, Debug)]
 pub struct SetInfo {
+    /// The set's manifest.
     pub manifest: Manifest,
+    /// Each member folder, in stripe order.
     pub members: Vec<MemberInfo>,
     /// Striped files under the folder: (path relative to it, logical size).
     pub files: Vec<(PathBuf, u64)>,
@@ -209,7 +216,7 @@ fn statvfs(dir: &Path) -> Option<(u64, u64)> {
 }
 
 /// Describes the set at `nvme_path`: members, files, orphaned member files.
-pub fn set_info(nvme_path: &Path) -> Result<SetInfo, String> {
+fn set_info(nvme_path: &Path) -> Result<SetInfo, String> {
     let manifest = manifest_of(nvme_path)?;
     let mut files = Vec::new();
     let mut foreign_files = Vec::new();
@@ -255,9 +262,13 @@ pub fn set_info(nvme_path: &Path) -> Result<SetInfo, String> {
 /// One striped file, as `deepnvme stripe inspect FILE` shows it.
 #[derive(Clone, Debug)]
 pub struct FileInfo {
+    /// The placeholder (canonical path).
     pub path: PathBuf,
+    /// The set's folder.
     pub root: PathBuf,
+    /// The id of the set that striped it.
     pub id: String,
+    /// The set's layout.
     pub layout: Layout,
     /// The logical size (the placeholder's).
     pub size: u64,
@@ -270,7 +281,7 @@ pub struct FileInfo {
 }
 
 /// Describes the striped file at `path`; `Ok(None)` for a plain file.
-pub fn file_info(path: &Path) -> Result<Option<FileInfo>, String> {
+fn file_info(path: &Path) -> Result<Option<FileInfo>, String> {
     let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let Some(mark) = mark::read_path(&real).map_err(|e| format!("{}: {e}", real.display()))? else { return Ok(None) };
     let root = real
@@ -307,7 +318,9 @@ pub fn file_info(path: &Path) -> Result<Option<FileInfo>, String> {
 /// What `remove` did.
 #[derive(Clone, Debug, Default)]
 pub struct RemoveReport {
+    /// Striped files (placeholders) deleted.
     pub files_deleted: usize,
+    /// Member files deleted.
     pub member_files_deleted: usize,
 }
 
@@ -315,7 +328,7 @@ pub struct RemoveReport {
 /// Striped files still in it are refused unless `delete_files` (then
 /// their placeholders go too); copy out what you need first
 /// (`deepnvme stripe cat`).
-pub fn remove(nvme_path: &Path, delete_files: bool) -> Result<RemoveReport, String> {
+fn remove(nvme_path: &Path, delete_files: bool) -> Result<RemoveReport, String> {
     let info = set_info(nvme_path)?;
     let root = info.manifest.root.clone();
     if !info.files.is_empty() && !delete_files {
@@ -367,4 +380,54 @@ pub fn remove(nvme_path: &Path, delete_files: bool) -> Result<RemoveReport, Stri
     }
     std::fs::remove_file(root.join(MANIFEST_NAME)).map_err(|e| format!("{}: {e}", root.join(MANIFEST_NAME).display()))?;
     Ok(report)
+}
+
+// The set's operations hang off its types, so that the public surface stays
+// a handful of types (tests/public_api.txt).
+
+impl CreateOptions {
+    /// The stripe unit a set gets unless told otherwise (1 MiB).
+    pub const DEFAULT_UNIT: u64 = DEFAULT_UNIT;
+}
+
+impl Manifest {
+    /// The manifest's file name in a set's folder (`.deepnvme-stripe`).
+    pub const FILE_NAME: &'static str = MANIFEST_NAME;
+
+    /// Makes `nvme_path` a stripe set over `members` (folders, made if
+    /// missing). Every member folder must be empty but for `lost+found`,
+    /// and no set may be inside another. Returns the manifest written.
+    pub fn create(nvme_path: &Path, members: &[PathBuf], options: &CreateOptions) -> Result<Manifest, String> {
+        create(nvme_path, members, options)
+    }
+
+    /// Removes the set at `nvme_path`: its member files, markers and
+    /// manifest. Striped files still in it are refused unless
+    /// `delete_files` (then their placeholders go too); copy out what you
+    /// need first (`deepnvme stripe cat`).
+    pub fn remove(nvme_path: &Path, delete_files: bool) -> Result<RemoveReport, String> {
+        remove(nvme_path, delete_files)
+    }
+
+    /// Whether the file system of folder `dir` keeps user extended
+    /// attributes (the placeholders' marks need them), by marking a probe
+    /// file.
+    pub fn check_xattrs(dir: &Path) -> io::Result<()> {
+        check_xattrs(dir)
+    }
+}
+
+impl SetInfo {
+    /// Describes the set at `nvme_path`: members, files, orphaned member
+    /// files.
+    pub fn read(nvme_path: &Path) -> Result<SetInfo, String> {
+        set_info(nvme_path)
+    }
+}
+
+impl FileInfo {
+    /// Describes the striped file at `path`; `Ok(None)` for a plain file.
+    pub fn read(path: &Path) -> Result<Option<FileInfo>, String> {
+        file_info(path)
+    }
 }

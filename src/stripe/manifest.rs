@@ -15,7 +15,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::sync::Mutex;
+use crate::rt::sync::Mutex;
 
 use super::layout::Layout;
 
@@ -33,12 +33,14 @@ pub struct Manifest {
     pub root: PathBuf,
     /// Random, made at `create`: files and members name the set by it.
     pub id: String,
+    /// The stripe unit in bytes.
     pub unit: u64,
     /// Absolute member folders, in stripe order.
     pub members: Vec<PathBuf>,
 }
 
 impl Manifest {
+    /// How the set lays a file's bytes over its members.
     pub fn layout(&self) -> Layout {
         Layout { unit: self.unit, members: self.members.len() }
     }
@@ -87,14 +89,14 @@ impl Manifest {
     }
 
     /// The marker member `index` must hold.
-    pub fn marker(&self, index: usize) -> Marker {
+    pub(crate) fn marker(&self, index: usize) -> Marker {
         Marker { id: self.id.clone(), index, count: self.members.len(), set: self.root.clone() }
     }
 }
 
 /// What a member folder's marker says.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Marker {
+pub(crate) struct Marker {
     pub id: String,
     pub index: usize,
     pub count: usize,

@@ -21,31 +21,30 @@
 //!
 //! Files: `layout.rs` (logical to member offsets), `manifest.rs` (the
 //! manifest and member markers), `mark.rs` (the placeholder's mark and
-//! lock), `file.rs` (an op's members: opening, checks, growing), `plan.rs`
+//! lock), `file.rs` (an op's members: opening, checks), `extent.rs` (growing a
+//! file's striped extent, reading logical bytes back), `plan.rs`
 //! (an op's segments on the members, errors naming them), `admin.rs` (what
-//! the CLI does: create, inspect, remove).
+//! the CLI does: create, inspect, remove; the public surface is its types,
+//! with the operations as their associated functions).
 
 mod admin;
+mod extent;
 mod file;
 mod layout;
 mod manifest;
 mod mark;
 mod plan;
 
-pub use admin::{
-    check_xattrs, create, file_info, remove, set_info, CreateOptions, FileInfo, MemberInfo, RemoveReport, SetInfo,
-    DEFAULT_UNIT,
-};
+pub use admin::{CreateOptions, FileInfo, MemberInfo, RemoveReport, SetInfo};
 pub use layout::Layout;
-pub use manifest::{Manifest, Marker, MANIFEST_NAME, MARKER_NAME};
+pub use manifest::Manifest;
 
 use std::sync::Arc;
 
-use crate::engine::fixed::RegistrableMemory;
 use crate::engine::AioParams;
 use crate::error::{Direction, Result};
 use crate::file::{access_allows, fd_flags, FileTarget, OpenFile};
-use crate::op::plan::OpPlan;
+use crate::op::plan::{IoSpan, OpPlan};
 use file::StripedFile;
 
 /// Opens an op's file as `OpenFile::open` does; a stripe set's placeholder
@@ -70,21 +69,18 @@ pub(crate) fn is_striped(f: &OpenFile) -> bool {
 
 /// Plans an op's slices (`op::plan::plan_op`), on the member files when
 /// the file is striped.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_op(
     direction: Direction,
     f: &mut OpenFile,
     file_offset: u64,
-    io_ptr: *mut u8,
-    len: usize,
+    memory: IoSpan,
     parallelism: usize,
     params: AioParams,
-    registrable: Option<Arc<RegistrableMemory>>,
 ) -> Result<Arc<OpPlan>> {
     if is_striped(f) {
-        plan::plan_striped(direction, f, file_offset, io_ptr, len, parallelism, params, registrable)
+        plan::plan_striped(direction, f, file_offset, memory, parallelism, params)
     } else {
-        crate::op::plan::plan_op(direction, f, file_offset, io_ptr, len, parallelism, params, registrable)
+        crate::op::plan::plan_op(direction, f, file_offset, memory, parallelism, params)
     }
 }
 

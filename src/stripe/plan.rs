@@ -14,11 +14,10 @@ use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::engine::fixed::RegistrableMemory;
 use crate::engine::{AioParams, Segment};
 use crate::error::{Direction, Result, TransferError};
 use crate::file::OpenFile;
-use crate::op::plan::{plan_slices, MemberNames, OpPlan, SlicePlan, BUFFERED_FD_PLACEHOLDER};
+use crate::op::plan::{plan_slices, IoSpan, MemberNames, OpPlan, SlicePlan, BUFFERED_FD_PLACEHOLDER};
 
 use super::file::StripedFile;
 use super::layout::Layout;
@@ -86,17 +85,15 @@ fn push(list: &mut Vec<Segment>, seg: Segment) {
 
 /// Plans an op on a striped `file` (see the module doc). A write first
 /// grows the file's extent to cover its bytes.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_striped(
     direction: Direction,
     file: &mut OpenFile,
     file_offset: u64,
-    io_ptr: *mut u8,
-    len: usize,
+    memory: IoSpan,
     parallelism: usize,
     params: AioParams,
-    registrable: Option<Arc<RegistrableMemory>>,
 ) -> Result<Arc<OpPlan>> {
+    let IoSpan { ptr: io_ptr, len, registrable } = memory;
     let placeholder = file.any_fd();
     let end = file_offset + len as u64;
     if direction == Direction::Write {

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 use crate::common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
 use deepnvme::{EngineKind, Error, FileTarget, LockedBuffer};
 
 const DEV_SIZE: u64 = 64 << 20;
@@ -190,7 +190,7 @@ fn locked_buffers_write_and_read_a_block_device_directly() {
 #[test]
 fn a_block_device_keeps_io_uring_though_its_node_is_on_devtmpfs() {
     let Some(dev) = LoopDevice::for_test("engine") else { return };
-    if deepnvme::io_uring_status().is_err() || std::env::var_os("DEEPNVME_ENGINE").is_some() {
+    if deepnvme::diag::io_uring_status().is_err() || std::env::var_os("DEEPNVME_ENGINE").is_some() {
         skip("the block device's engine not checked: io_uring unavailable or DEEPNVME_ENGINE set");
         return;
     }
@@ -202,8 +202,8 @@ fn a_block_device_keeps_io_uring_though_its_node_is_on_devtmpfs() {
     assert!(s.io_uring_runs > 0 && s.psync_runs == 0, "the device's op ran on io_uring: {s}");
     let node = File::open(dev.path()).unwrap();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&node);
-    assert_eq!(deepnvme::punting_fs(fd), None, "a block device is not a tmpfs file");
-    assert_eq!(deepnvme::engine_for_file(None, fd).unwrap(), (EngineKind::Uring, None));
+    assert_eq!(deepnvme::test_support::punting_fs(fd), None, "a block device is not a tmpfs file");
+    assert_eq!(deepnvme::test_support::engine_for_file(None, fd).unwrap(), (EngineKind::Uring, None));
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
 use deepnvme::{Direction, EngineKind, Error, FileTarget, HandleConfig, IoHandle};
 
 #[track_caller]

@@ -7,7 +7,7 @@
 
 use crate::common::*;
 // Whole requests and read/write (transfer_inline): DeepSpeed's calls.
-use deepnvme::deepspeed::calls as ds;
+use deepnvme::test_support::calls as ds;
 use deepnvme::{Direction, EngineKind, Error, FileTarget, HandleConfig};
 
 /// Transfer lengths: divisible by 1, 2, 3 and 4, not multiples of 512.
@@ -83,18 +83,28 @@ fn knob_matrix_both_engines_every_byte() {
 
 #[test]
 fn handle_getters_return_the_knobs() {
-    let cfg = deepnvme::deepspeed::handle_config(1000, 2, true, true, 3).unwrap();
+    let knobs = DeepSpeedKnobs {
+        block_size: 1000,
+        queue_depth: 2,
+        single_submit: true,
+        overlap_events: true,
+        intra_op_parallelism: 3,
+        use_gds: false,
+    };
+    let cfg = knobs.config().unwrap();
     assert_eq!(
         (cfg.block_size, cfg.queue_depth, cfg.single_submit, cfg.overlap_events, cfg.intra_op_parallelism),
         (1000, 2, true, true, 3)
     );
     assert_eq!(cfg.alignment(), 3 * 512, "get_alignment() = intra_op_parallelism * 512");
     for (bs, qd, p) in [(0, 1, 1), (1, 0, 1), (1, 1, 0), (-1, 1, 1), (1, 1, -4)] {
-        let e = deepnvme::deepspeed::handle_config(bs, qd, false, false, p).unwrap_err();
+        let bad = DeepSpeedKnobs { block_size: bs, queue_depth: qd, intra_op_parallelism: p, ..DeepSpeedKnobs::default() };
+        let e = bad.config().unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{bs} {qd} {p}: {e}");
         assert!(e.to_string().contains("must be positive"), "{e}");
     }
     let d = HandleConfig::default();
+    assert_eq!(DeepSpeedKnobs::default().config().unwrap(), d, "aio_handle()'s defaults are HandleConfig's");
     assert_eq!((d.block_size, d.queue_depth, d.single_submit, d.overlap_events, d.intra_op_parallelism), (1 << 20, 128, false, false, 1));
 }
 

@@ -6,8 +6,9 @@
 
 use crate::common::*;
 // DeepSpeed's calls (raw buffers, i64 offsets, async as a flag): their semantics are under test.
-use deepnvme::deepspeed::calls as ds;
-use deepnvme::{BufferDesc, Direction, EngineKind, Error, FileTarget, IoHandle, Location, OpRequest, Staging};
+use deepnvme::test_support::calls as ds;
+use deepnvme::test_support::{OpRequest, Staging};
+use deepnvme::{BufferDesc, Direction, EngineKind, Error, FileTarget, IoHandle, Location};
 
 const LENS: [usize; 8] = [0, 1, 511, 513, 1000, 4095, 4097, (1 << 20) + 3];
 const OFFSETS: [usize; 4] = [0, 1, 511, 4097];

@@ -142,7 +142,7 @@ struct FileMemberJson {
 }
 
 fn create(a: CreateArgs) -> Result<(), CliError> {
-    let manifest = stripe::create(&a.nvme_path, &a.members, &stripe::CreateOptions { unit: a.unit })
+    let manifest = stripe::Manifest::create(&a.nvme_path, &a.members, &stripe::CreateOptions { unit: a.unit })
         .map_err(CliError::NotRun)?;
     if a.json {
         return inspect(InspectArgs { path: manifest.root, json: true });
@@ -190,9 +190,9 @@ fn set_json(info: &stripe::SetInfo) -> SetJson {
 }
 
 fn inspect(a: InspectArgs) -> Result<(), CliError> {
-    let is_set = a.path.join(stripe::MANIFEST_NAME).exists();
+    let is_set = a.path.join(stripe::Manifest::FILE_NAME).exists();
     if is_set {
-        let info = stripe::set_info(&a.path).map_err(CliError::NotRun)?;
+        let info = stripe::SetInfo::read(&a.path).map_err(CliError::NotRun)?;
         let j = set_json(&info);
         if a.json {
             return print_json(&j);
@@ -234,7 +234,7 @@ fn inspect(a: InspectArgs) -> Result<(), CliError> {
         }
         return Ok(());
     }
-    let info = stripe::file_info(&a.path).map_err(CliError::NotRun)?;
+    let info = stripe::FileInfo::read(&a.path).map_err(CliError::NotRun)?;
     let Some(info) = info else {
         return Err(CliError::NotRun(format!(
             "{} is neither a stripe set's folder nor a striped file",
@@ -276,7 +276,7 @@ fn inspect(a: InspectArgs) -> Result<(), CliError> {
 }
 
 fn remove(a: RemoveArgs) -> Result<(), CliError> {
-    let report = stripe::remove(&a.nvme_path, a.delete_files).map_err(CliError::NotRun)?;
+    let report = stripe::Manifest::remove(&a.nvme_path, a.delete_files).map_err(CliError::NotRun)?;
     println!(
         "removed the stripe set at {} ({} striped files and {} member files deleted)",
         a.nvme_path.display(),

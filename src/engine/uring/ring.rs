@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring};
-use crate::sync::{Mutex, MutexGuard};
+use crate::rt::sync::{Mutex, MutexGuard};
 
 use crate::engine::fixed::{FixedTable, RegistrableMemory};
 use crate::engine::contract::Submitter;
@@ -31,7 +31,7 @@ pub struct UringEngine {
     /// Registered memory (a worker's ring only; see `fixed.rs`), locked by
     /// each run over registrable memory from its first request to its last
     /// completion (let go of meanwhile while a fork is pending, with nothing
-    /// in flight: see `fork.rs`).
+    /// in flight: see `rt/fork.rs`).
     pub(super) fixed: Option<Arc<Mutex<FixedTable>>>,
 }
 
@@ -202,7 +202,7 @@ impl UringEngine {
             outstanding = outstanding.saturating_sub(reaped);
             if outstanding > 0 {
                 if !logged {
-                    crate::log::error(&format!("{why}; waiting for {outstanding} requests the kernel already took"));
+                    crate::rt::log::error(&format!("{why}; waiting for {outstanding} requests the kernel already took"));
                     logged = true;
                 }
                 // A syscall also runs the task work that posts completions.
@@ -219,9 +219,9 @@ impl UringEngine {
 }
 
 /// Takes a ring's fixed-buffer table for a run (a new run of the table):
-/// when a fork is pending, once the fork is done (see `fork.rs`).
+/// when a fork is pending, once the fork is done (see `rt/fork.rs`).
 pub(super) fn take_table(table: &Mutex<FixedTable>) -> MutexGuard<'_, FixedTable> {
-    crate::fork::wait_while_forking();
+    crate::rt::fork::wait_while_forking();
     let mut guard = table.lock();
     guard.start_run();
     guard

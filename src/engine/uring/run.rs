@@ -72,11 +72,11 @@ impl Engine for UringEngine {
         let mut completions = std::mem::take(&mut self.reaped);
 
         loop {
-            // A fork is waiting for the table (see `fork.rs`): send nothing
+            // A fork is waiting for the table (see `rt/fork.rs`): send nothing
             // more and, once what is in flight has completed, let the table
             // go until the fork is done, then go on (registering again).
             let yielding = table.is_some()
-                && crate::fork::fork_pending()
+                && crate::rt::fork::fork_pending()
                 && first_error.is_none()
                 && todo.peek().is_some();
             if yielding && in_flight == 0 {

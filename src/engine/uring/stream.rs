@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::engine::fixed::{FixedTable, RegistrableMemory};
-use crate::sync::MutexGuard;
+use crate::rt::sync::MutexGuard;
 use crate::engine::contract::StreamSource;
 use crate::engine::piece::{PieceCursor, Segment};
 use crate::error::{Direction, TransferError};
@@ -75,7 +75,7 @@ impl UringEngine {
         loop {
             // A fork is waiting for the table: as in `run_with`.
             let yielding =
-                table.is_some() && crate::fork::fork_pending() && active.iter().any(StreamedRun::sends_more);
+                table.is_some() && crate::rt::fork::fork_pending() && active.iter().any(StreamedRun::sends_more);
             if yielding && in_flight == 0 {
                 drop(table.take());
                 table = Some(take_table(fixed.as_deref().expect("a stream holding a table has one")));

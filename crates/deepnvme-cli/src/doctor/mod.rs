@@ -11,7 +11,8 @@
 //! section table, their order and the output. One concern per sibling module:
 //! * `report`: [`report::Finding`] and [`report::Status`], text and JSON output;
 //! * `config`: the DeepSpeed config as DeepSpeed reads it, what its swap buffers lock and write;
-//! * `ds_rules`: DeepSpeed 0.19.8's rules for `zero_optimization`, as a table;
+//! * `ds_rules`: DeepSpeed 0.19.8's rules for `zero_optimization` (the models
+//!   as data in `ds_zero_table`);
 //! * `aio_rules`: the `aio` block as DeepSpeed's `aio_handle(...)` binding and the handle take it;
 //! * `lax`: JSON values as pydantic's lax mode and Python read them (coercions, bounds, truth);
 //! * `validation`: the `config` section: DeepSpeed's own validation (`config_probe.py`) or the table;
@@ -34,6 +35,7 @@ mod cgroup;
 mod config;
 mod device;
 mod ds_rules;
+mod ds_zero_table;
 mod engine;
 mod filesystem;
 mod frontend;

@@ -19,7 +19,7 @@ const SECTION: &str = "stripe";
 
 /// The stripe set `dir` is in (its folder), if any.
 pub fn set_root(dir: &Path) -> Option<PathBuf> {
-    dir.ancestors().find(|d| d.join(stripe::MANIFEST_NAME).exists()).map(Path::to_path_buf)
+    dir.ancestors().find(|d| d.join(stripe::Manifest::FILE_NAME).exists()).map(Path::to_path_buf)
 }
 
 /// The whole disk a device number belongs to (a partition's parent), as
@@ -38,12 +38,12 @@ fn disk_of(dev: (u32, u32)) -> String {
 
 pub fn check_target(ctx: &Context, t: &Target) -> Vec<Finding> {
     let Some(root) = set_root(&t.probe_dir) else { return Vec::new() };
-    let info = match stripe::set_info(&root) {
+    let info = match stripe::SetInfo::read(&root) {
         Ok(i) => i,
         Err(e) => {
             return vec![Finding::fail(SECTION, "manifest", format!("{}: {e}", root.display()))
                 .why("every op on a file under the folder reads this manifest, and fails while it cannot")
-                .fix(format!("fix or remove {} (`deepnvme stripe remove`)", root.join(stripe::MANIFEST_NAME).display()))]
+                .fix(format!("fix or remove {} (`deepnvme stripe remove`)", root.join(stripe::Manifest::FILE_NAME).display()))]
         }
     };
     let m = &info.manifest;
@@ -55,7 +55,7 @@ pub fn check_target(ctx: &Context, t: &Target) -> Vec<Finding> {
     )
     .why("files deepnvme writes under it keep their bytes in the members, a unit on each in turn")];
 
-    if let Err(e) = stripe::check_xattrs(&root) {
+    if let Err(e) = stripe::Manifest::check_xattrs(&root) {
         out.push(
             Finding::fail(SECTION, "placeholder marks", format!("{}: no user extended attributes ({e})", root.display()))
                 .why("a striped file's placeholder is marked with the attribute user.deepnvme.stripe")
