@@ -48,6 +48,18 @@ from run import parse_size  # noqa: E402
 from bench_common import cpu_seconds  # noqa: E402
 
 
+def anon_huge_bytes():
+    """AnonHugePages of /proc/self/smaps_rollup, in bytes (None if unreadable)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 class Impl:
     def __init__(self, impl):
         import torch  # noqa: F401
@@ -87,6 +99,7 @@ class Impl:
         else:
             raise SystemExit(f"ds_worker: --buffer must be locked or plain, not {buffer}")
         buf.fill_(0x5A)
+        huge = anon_huge_bytes()
         path = c["file"]
         out = {
             "impl": self.impl,
@@ -101,6 +114,9 @@ class Impl:
             "single_submit": bool(h.get_single_submit()),
             "overlap_events": bool(h.get_overlap_events()),
             "parallelism": h.get_intra_op_parallelism(),
+            # The process's anonymous memory on huge pages once the buffer is
+            # filled: ~op_bytes when the buffer got them, ~0 when not.
+            "anon_huge_bytes": huge,
         }
         try:
             if op in ("read", "write"):

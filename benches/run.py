@@ -3,11 +3,15 @@
 
 Compares, on one file in one file system, in A/B order that alternates every
 round (odd rounds in the listed order, even rounds reversed), with `sync`,
-`echo 3 > /proc/sys/vm/drop_caches` and a pause before every run:
+`echo 3 > /proc/sys/vm/drop_caches`, memory compaction and a pause before
+every run:
 
   fio      fio's io_uring engine (O_DIRECT, --numjobs = intra_op_parallelism,
            each job its own slice), and fio's psync engine at iodepth 1 for
            the small-op round trips;
+  fio-huge the same with its buffers on reserved 2 MiB pages
+           (`--mem=shmhuge`; virtio tier, locked cells, as root), the
+           huge-page reference deepnvme's own buffers are measured against;
   stock    DeepSpeed's own async_io op (libaio), JIT-built from the installed
            deepspeed by AsyncIOBuilder().load() with DEEPNVME_DEEPSPEED_HOOK=0;
   deepnvme deepnvme.async_io through DeepSpeed's loader (the hook on);
@@ -101,13 +105,46 @@ def cell_label(c):
     return f"{c['op'][0].upper()} {bs} q{c['qd']} p{c['par']} {'L' if c['buffer'] == 'locked' else 'P'}"
 
 
+# Whether fio's buffers can be put on reserved huge pages (`--mem=shmhuge`),
+# set by `reserve_huge_pages`: the virtio tier then runs fio both ways.
+FIO_HUGE_PAGES = {"ok": False, "restore": None}
+
+
+def reserve_huge_pages(cells):
+    """Reserves enough 2 MiB pages for fio's largest cell (block size x
+    queue depth x jobs), as root; `release_huge_pages` gives them back."""
+    need = max((c["bs"] * c["qd"] * c["par"] for c in cells if c["buffer"] == "locked"), default=0) // (2 << 20) + 8
+    knob = "/proc/sys/vm/nr_hugepages"
+    try:
+        with open(knob) as f:
+            before = int(f.read())
+        with open(knob, "w") as f:
+            f.write(f"{before + need}\n")
+        FIO_HUGE_PAGES["restore"] = before
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) for line in f if line.startswith("HugePages_Free:"))
+        FIO_HUGE_PAGES["ok"] = free >= need
+    except (OSError, ValueError, StopIteration) as e:
+        log(f"run: no huge pages for fio ({e}); fio runs on 4 KiB pages only")
+    if not FIO_HUGE_PAGES["ok"]:
+        release_huge_pages()
+
+
+def release_huge_pages():
+    if FIO_HUGE_PAGES["restore"] is not None:
+        with open("/proc/sys/vm/nr_hugepages", "w") as f:
+            f.write(f"{FIO_HUGE_PAGES['restore']}\n")
+        FIO_HUGE_PAGES["restore"] = None
+
+
 def cell_impls(c, fast=False, tmpfs=False):
     """What runs in a cell. The fast-device tier adds fio's libaio engine
     and drops the CLI (whose buffers hold a non-repeating pattern, which
     zram would compress); its tmpfs rows add deepnvme with io_uring forced
     (DEEPNVME_ENGINE=uring), to show what the engine per file is worth."""
     if not fast:
-        return ["bare", "fio", "stock", "deepnvme", "cli"] if c["buffer"] == "locked" else ["bare", "stock", "deepnvme"]
+        fio = ["fio", "fio-huge"] if FIO_HUGE_PAGES["ok"] else ["fio"]
+        return ["bare"] + fio + ["stock", "deepnvme", "cli"] if c["buffer"] == "locked" else ["bare", "stock", "deepnvme"]
     impls = ["bare", "fio", "fio-libaio", "stock", "deepnvme"] if c["buffer"] == "locked" else ["bare", "stock", "deepnvme"]
     return impls + (["deepnvme-uring"] if tmpfs else [])
 
@@ -172,12 +209,14 @@ def fio_json(args):
 FIO_CONSTANT = ["--buffer_pattern=0x5a", "--scramble_buffers=0"]
 
 
-def run_fio(c, path, size, engine="io_uring", constant=False):
+def run_fio(c, path, size, engine="io_uring", constant=False, huge=False):
     par = c["par"]
     per = size // par
     args = ["--name=grid", f"--filename={path}", "--direct=1", f"--ioengine={engine}", f"--rw={c['op']}",
             f"--bs={c['bs']}", f"--iodepth={c['qd']}", f"--numjobs={par}", f"--size={per}",
             f"--offset_increment={per}"] + (FIO_CONSTANT if constant and c["op"] == "write" else [])
+    if huge:
+        args += ["--mem=shmhuge", "--hugepage-size=2m"]
     j = fio_json(args)
     nbytes, secs, cpu = 0, 0.0, 0.0
     for job in j["jobs"]:
@@ -233,7 +272,11 @@ def run_bare(bare, c, path, size, op_bytes, rnd):
 
 
 class Settle:
-    """sync, drop the page cache (as root), pause: before every timed run.
+    """sync, drop the page cache and compact memory (as root), pause: before
+    every timed run. Compaction gives every participant the same chance of
+    huge pages for its buffer: on a 1 GiB op, memory left fragmented by the
+    run before (4 KiB pages just unlocked) made the next run fall back to
+    small pages and move its bytes up to 2x slower (docs/perf/harnesses.md).
     With `sync_dirs`, only their file systems are synced (syncfs): the
     fast-device tier's runs take a fraction of a second, and a global sync
     would wait for whatever else on the machine is writing to its disk."""
@@ -263,6 +306,8 @@ class Settle:
             try:
                 with open("/proc/sys/vm/drop_caches", "w") as f:
                     f.write("3\n")
+                with open("/proc/sys/vm/compact_memory", "w") as f:
+                    f.write("1\n")
             except OSError as e:
                 log(f"run: cannot drop caches ({e}); continuing with sync and pause only")
                 self.can_drop = False
@@ -433,8 +478,9 @@ def main():
         settle()
         if impl == "bare":
             return run_bare(a.bare_bin, c, p, size, op_bytes, rnd)
-        if impl in ("fio", "fio-libaio"):
-            return run_fio(c, p, size, "libaio" if impl == "fio-libaio" else "io_uring", constant=fast)
+        if impl in ("fio", "fio-libaio", "fio-huge"):
+            return run_fio(c, p, size, "libaio" if impl == "fio-libaio" else "io_uring", constant=fast,
+                           huge=impl == "fio-huge")
         if impl == "cli":
             return run_cli(a.cli, c, p, size, op_bytes)
         cfg = {"op": c["op"], "file": p, "size": size, "op_bytes": op_bytes, "block_size": c["bs"],
@@ -455,6 +501,7 @@ def main():
             impls = cell_impls(c, fast, on_tmpfs)
             runs = {i: [] for i in impls}
             cpu = {i: [] for i in impls}
+            huge = {i: [] for i in impls if i in ("stock", "deepnvme")}
             bare_runs = []
             for r in range(rounds):
                 order = impls if r % 2 == 0 else list(reversed(impls))
@@ -462,14 +509,22 @@ def main():
                     out = run_one(impl, c, p, r)
                     runs[impl].append(out["gb_per_s"])
                     cpu[impl].append(out["cpu_s_per_gb"])
+                    if impl in huge:
+                        huge[impl].append(out.get("anon_huge_bytes"))
                     if impl == "bare":
                         bare_runs.append({k: out[k] for k in ("engines", "best", "huge_bytes", "buffer_bytes")})
                     done += 1
                 log(f"run: [{done}/{total}] {'tmpfs ' if on_tmpfs else ''}{cell_label(c)} round {r + 1} "
                     f"({' '.join(order)}): " + "  ".join(f"{i} {runs[i][-1]:.3f}" for i in impls))
-            into.append({**c, "label": cell_label(c), "gb_per_s": runs, "cpu_s_per_gb": cpu, "bare": bare_runs})
+            into.append({**c, "label": cell_label(c), "gb_per_s": runs, "cpu_s_per_gb": cpu, "bare": bare_runs,
+                         "anon_huge_bytes": huge})
 
-    run_cells(cells, path, False, results["cells"])
+    if not fast:
+        reserve_huge_pages(cells)
+    try:
+        run_cells(cells, path, False, results["cells"])
+    finally:
+        release_huge_pages()
     if tmpfs_dir:
         results["tmpfs"] = []
         tmpfs_path = os.path.join(tmpfs_dir, "perf-grid.dat")
@@ -667,7 +722,25 @@ def bare_lines(cells):
             "DeepSpeed in it: io_uring with a registered buffer and file, one ring per worker, and pread/pwrite "
             "threads, both in every run (their order alternating by round); the faster is the run's number. "
             f"Faster engine over all runs: {', '.join(f'{k} {v}' for k, v in sorted(wins.items()))}; {on_huge}. "
-            "deepnvme/bare and stock/bare are per-round ratios like the others.", ""]
+            "deepnvme/bare and stock/bare are per-round ratios like the others.", ""] + huge_page_lines(cells)
+
+
+def huge_page_lines(cells):
+    """How much of each Python worker's memory was on huge pages once its
+    buffer was filled (`AnonHugePages`, `ds_worker.py`), over the runs."""
+    share = {}
+    for c in cells:
+        for impl, xs in c.get("anon_huge_bytes", {}).items():
+            got = [x for x in xs if x is not None]
+            if got:
+                have, want = share.get(impl, (0, 0))
+                share[impl] = (have + sum(got), want + len(got))
+    if not share:
+        return []
+    parts = [f"{impl} {have / n / (1 << 20):.0f} MiB per run" for impl, (have, n) in sorted(share.items())]
+    return ["Huge pages in the Python workers once the buffer is filled (`AnonHugePages`): " + ", ".join(parts) +
+            " (DeepSpeed's `new_cpu_locked_tensor` is `posix_memalign` + `mlock`, on huge pages only when THP is "
+            "`always`; deepnvme's is advised `MADV_HUGEPAGE`).", ""]
 
 
 def fast_charts(res, out):
@@ -895,9 +968,9 @@ def write_report(res, out):
     L.append("")
     L.append("Median GB/s; ratios are median [min–max] of per-round ratios; CPU is median CPU seconds per GB.")
     L.append("")
-    L.append("| cell | bare | fio | stock | deepnvme | cli | deepnvme/bare | stock/bare | deepnvme/stock | deepnvme/fio | cli/fio | "
-             "CPU s/GB bare / fio / stock / deepnvme / cli |")
-    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    L.append("| cell | bare | fio | fio, huge pages | stock | deepnvme | cli | deepnvme/bare | stock/bare | deepnvme/stock | "
+             "deepnvme/fio | deepnvme/fio huge | cli/fio | CPU s/GB bare / fio / stock / deepnvme / cli |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in res["cells"]:
         g, cp = c["gb_per_s"], c["cpu_s_per_gb"]
 
@@ -910,9 +983,10 @@ def write_report(res, out):
         dn_st = ratio_stats(g["deepnvme"], g["stock"])
         dn_fio = ratio_stats(g["deepnvme"], g["fio"]) if "fio" in g else None
         cli_fio = ratio_stats(g["cli"], g["fio"]) if "cli" in g and "fio" in g else None
-        L.append(f"| {c['label']} | {gv('bare')} | {gv('fio')} | {gv('stock')} | **{gv('deepnvme')}** | {gv('cli')} | "
-                 f"**{fmt_ratio(ratio_of(c, 'deepnvme', 'bare'))}** | {fmt_ratio(ratio_of(c, 'stock', 'bare'))} | "
-                 f"{fmt_ratio(dn_st)} | {fmt_ratio(dn_fio)} | {fmt_ratio(cli_fio)} | "
+        dn_fio_huge = ratio_stats(g["deepnvme"], g["fio-huge"]) if "fio-huge" in g else None
+        L.append(f"| {c['label']} | {gv('bare')} | {gv('fio')} | {gv('fio-huge')} | {gv('stock')} | **{gv('deepnvme')}** | "
+                 f"{gv('cli')} | **{fmt_ratio(ratio_of(c, 'deepnvme', 'bare'))}** | {fmt_ratio(ratio_of(c, 'stock', 'bare'))} | "
+                 f"{fmt_ratio(dn_st)} | {fmt_ratio(dn_fio)} | {fmt_ratio(dn_fio_huge)} | {fmt_ratio(cli_fio)} | "
                  f"{cv('bare')} / {cv('fio')} / {cv('stock')} / {cv('deepnvme')} / {cv('cli')} |")
     L.append("")
     L.append("Cell: R/W, block size, queue depth q, intra_op_parallelism p, L locked / P plain; "
@@ -920,14 +994,17 @@ def write_report(res, out):
     L.append("")
     L.extend(bare_lines(res["cells"]))
     lk = [c for c in res["cells"] if c["buffer"] == "locked"]
-    rs = [(ratio_of(c, "deepnvme", "bare"), ratio_of(c, "deepnvme", "fio"), c["label"]) for c in lk]
+    huge = any("fio-huge" in c["gb_per_s"] for c in lk)
+    fio_ref = "fio-huge" if huge else "fio"
+    rs = [(ratio_of(c, "deepnvme", "bare"), ratio_of(c, "deepnvme", fio_ref), c["label"]) for c in lk]
     rs = [(b[0], f[0] if f else float("nan"), lab) for b, f, lab in rs if b]
     if rs:
         lo_b, lo_f = min(rs), min(rs, key=lambda x: x[1])
+        fio_words = ("fio with its buffers on reserved huge pages (`--mem=shmhuge`)" if huge else
+                     "fio (its buffers on 4 KiB pages: no huge pages could be reserved; bare is the huge-page baseline)")
         L.append(f"Locked cells against the limit: deepnvme/bare lowest {lo_b[0]:.2f}x ({lo_b[2]}), target 0.95x; "
-                 f"deepnvme/fio lowest {lo_f[1]:.2f}x ({lo_f[2]}), target 1.0x (fio's buffers here are on 4 KiB pages "
-                 "unless THP is `always`; bare is the huge-page baseline). A run on a loaded machine or a `--quick` "
-                 "run is no verdict.")
+                 f"deepnvme against {fio_words} lowest {lo_f[1]:.2f}x ({lo_f[2]}), target 1.0x. A run on a loaded "
+                 "machine or a `--quick` run is no verdict.")
         L.append("")
     L.extend(plain_vs_locked(res["cells"]))
     L.append("The fast-device tier (ext4 on zram, and tmpfs: the kernel's stack without a slow disk under it) "
