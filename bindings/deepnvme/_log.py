@@ -1,7 +1,7 @@
 """deepnvme's informational lines as records of the ``deepnvme`` logger.
 
 The Rust core hands each line to ``emit`` from a thread of its own
-(src/log_queue.rs), from either front end. By default they print on stderr
+(src/rt/log_queue.rs), from either front end. By default they print on stderr
 as ``deepnvme: <line>`` at INFO, as before; once the application configures
 logging (a handler on the root logger or on ``deepnvme``), they go to its
 handlers instead. To silence them::
