@@ -810,8 +810,8 @@ def write_fast_report(res, out):
           f"| software | {mach['fio']}, torch {v['torch']}, deepspeed {v['deepspeed']}, deepnvme {v['deepnvme']} |",
           f"| sizes | {show_size(m['size'])} per throughput run (the whole file), {show_size(m['op_bytes'])} per op/buffer, "
           f"{m['small_seconds']:g} s per small-op run |",
-          f"| rounds | {m['rounds']} per cell, alternating order; each run after syncfs of the tier's file systems, drop_caches and a "
-          f"{m['pause_s']:g} s pause |", "",
+          f"| rounds | {m['rounds']} per cell, alternating order; each run after syncfs of the tier's file systems, drop_caches, "
+          f"memory compaction and a {m['pause_s']:g} s pause |", "",
           "Method as in [README.md](README.md#method); fio also runs its libaio engine "
           "(`--ioengine=libaio`, otherwise the same job). Ratios are median [min–max] of per-round ratios.", ""]
 
@@ -942,6 +942,7 @@ def write_report(res, out):
              "run them in the listed order, even rounds in reverse (the disk here favours whichever run goes "
              "second), each run after `sync`, `echo 3 > /proc/sys/vm/drop_caches`"
              + ("" if m["drop_caches"] else " (**not permitted here: skipped**)")
+             + ", `echo 1 > /proc/sys/vm/compact_memory` (so every participant's buffer finds huge pages alike)"
              + f" and a {m['pause_s']:g} s pause. A ratio is taken per round (two runs of the same round) and "
              "reported as median [min–max] over the rounds. GB/s are 10^9 bytes/s.")
     L.append("")
