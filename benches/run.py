@@ -284,6 +284,7 @@ class Settle:
     def __init__(self, pause, sync_dirs=None):
         self.pause = pause
         self.can_drop = True
+        self.can_compact = True
         self.sync_dirs = [d for d in (sync_dirs or []) if d]
 
     def sync(self):
@@ -306,11 +307,18 @@ class Settle:
             try:
                 with open("/proc/sys/vm/drop_caches", "w") as f:
                     f.write("3\n")
-                with open("/proc/sys/vm/compact_memory", "w") as f:
-                    f.write("1\n")
             except OSError as e:
                 log(f"run: cannot drop caches ({e}); continuing with sync and pause only")
                 self.can_drop = False
+        if self.can_compact:
+            # Apart from the cache drop: a kernel without CONFIG_COMPACTION
+            # has no such file, and the drop must go on without it.
+            try:
+                with open("/proc/sys/vm/compact_memory", "w") as f:
+                    f.write("1\n")
+            except OSError as e:
+                log(f"run: cannot compact memory ({e}); runs start on memory as they find it")
+                self.can_compact = False
         time.sleep(self.pause)
 
 

@@ -44,12 +44,6 @@ fn canonical_dir(path: &Path, what: &str) -> Result<PathBuf, String> {
     Ok(real)
 }
 
-/// Whether the file system of folder `dir` keeps user extended attributes
-/// (the placeholders' marks need them), by marking a probe file.
-fn check_xattrs(dir: &Path) -> io::Result<()> {
-    probe_xattrs(dir)
-}
-
 fn probe_xattrs(dir: &Path) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let probe = dir.join(format!(".deepnvme-stripe-probe-{}", std::process::id()));
@@ -60,9 +54,7 @@ fn probe_xattrs(dir: &Path) -> io::Result<()> {
     result
 }
 
-/// Makes `nvme_path` a stripe set over `members` (folders, made if
-/// missing). Every member folder must be empty but for `lost+found`, and
-/// no set may be inside another. Returns the manifest written.
+/// [`Manifest::create`].
 fn create(nvme_path: &Path, members: &[PathBuf], options: &CreateOptions) -> Result<Manifest, String> {
     check_unit(options.unit)?;
     if members.is_empty() {
@@ -215,7 +207,7 @@ fn statvfs(dir: &Path) -> Option<(u64, u64)> {
     }
 }
 
-/// Describes the set at `nvme_path`: members, files, orphaned member files.
+/// [`SetInfo::read`].
 fn set_info(nvme_path: &Path) -> Result<SetInfo, String> {
     let manifest = manifest_of(nvme_path)?;
     let mut files = Vec::new();
@@ -280,7 +272,7 @@ pub struct FileInfo {
     pub problems: Vec<String>,
 }
 
-/// Describes the striped file at `path`; `Ok(None)` for a plain file.
+/// [`FileInfo::read`].
 fn file_info(path: &Path) -> Result<Option<FileInfo>, String> {
     let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let Some(mark) = mark::read_path(&real).map_err(|e| format!("{}: {e}", real.display()))? else { return Ok(None) };
@@ -324,10 +316,7 @@ pub struct RemoveReport {
     pub member_files_deleted: usize,
 }
 
-/// Removes the set at `nvme_path`: its member files, markers and manifest.
-/// Striped files still in it are refused unless `delete_files` (then
-/// their placeholders go too); copy out what you need first
-/// (`deepnvme stripe cat`).
+/// [`Manifest::remove`].
 fn remove(nvme_path: &Path, delete_files: bool) -> Result<RemoveReport, String> {
     let info = set_info(nvme_path)?;
     let root = info.manifest.root.clone();
@@ -413,7 +402,7 @@ impl Manifest {
     /// attributes (the placeholders' marks need them), by marking a probe
     /// file.
     pub fn check_xattrs(dir: &Path) -> io::Result<()> {
-        check_xattrs(dir)
+        probe_xattrs(dir)
     }
 }
 
