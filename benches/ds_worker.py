@@ -60,6 +60,26 @@ def anon_huge_bytes():
     return None
 
 
+def physical_runs(torch, buf):
+    """How many physically contiguous runs the buffer's pages form (1 for one
+    contiguous range, one per page when scattered), from /proc/self/pagemap;
+    None when the frame numbers are hidden (not root) or unreadable."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = buf.data_ptr() // page
+    end = (buf.data_ptr() + buf.numel() * buf.element_size() + page - 1) // page
+    try:
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(start * 8)
+            raw = f.read((end - start) * 8)
+    except OSError:
+        return None
+    entries = torch.frombuffer(bytearray(raw), dtype=torch.int64)
+    pfn = entries & ((1 << 55) - 1)
+    if len(pfn) == 0 or int(pfn.max()) == 0:  # frame numbers read as 0 without CAP_SYS_ADMIN
+        return None
+    return 1 + int((pfn[1:] != pfn[:-1] + 1).sum())
+
+
 class Impl:
     def __init__(self, impl):
         import torch  # noqa: F401
@@ -100,6 +120,7 @@ class Impl:
             raise SystemExit(f"ds_worker: --buffer must be locked or plain, not {buffer}")
         buf.fill_(0x5A)
         huge = anon_huge_bytes()
+        runs = physical_runs(torch, buf)
         path = c["file"]
         out = {
             "impl": self.impl,
@@ -117,6 +138,10 @@ class Impl:
             # The process's anonymous memory on huge pages once the buffer is
             # filled: ~op_bytes when the buffer got them, ~0 when not.
             "anon_huge_bytes": huge,
+            # Physically contiguous runs of the buffer's pages: where a 4 KiB-
+            # paged buffer landed, which decides the stock op's zram writes
+            # (docs/perf/harnesses.md).
+            "physical_runs": runs,
         }
         try:
             if op in ("read", "write"):

@@ -55,7 +55,8 @@ def run_worker(a, impl, c, path):
     if r.returncode != 0:
         raise SystemExit(f"fresh_ratio: {' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
     d = json.loads(r.stdout.strip().splitlines()[-1])
-    return {"gb_per_s": d["gb_per_s_median_op"], "cpu_s_per_gb": d["cpu_s_per_gb"], "all": d["gb_per_s"]}
+    return {"gb_per_s": d["gb_per_s_median_op"], "cpu_s_per_gb": d["cpu_s_per_gb"], "all": d["gb_per_s"],
+            "physical_runs": d.get("physical_runs")}
 
 
 def run_bare(a, c, path, rnd):
@@ -97,6 +98,7 @@ def main():
     for c in cells:
         gb = {i: [] for i in impls}
         cpu = {i: [] for i in impls}
+        phys = {i: [] for i in impls if i != "bare"}
         for rnd in range(a.rounds):
             order = impls if rnd % 2 == 0 else impls[::-1]
             for impl in order:
@@ -104,10 +106,12 @@ def main():
                 out = run_bare(a, c, path, rnd) if impl == "bare" else run_worker(a, impl, c, path)
                 gb[impl].append(out["gb_per_s"])
                 cpu[impl].append(out["cpu_s_per_gb"])
+                if impl in phys:
+                    phys[impl].append(out["physical_runs"])
             print(f"{label(c)} round {rnd + 1} ({' '.join(order)}), load {os.getloadavg()[0]:.2f}: "
                   + "  ".join(f"{i} {gb[i][-1]:.2f}" for i in impls), flush=True)
         load.append(os.getloadavg()[0])
-        results.append({**c, "label": label(c), "gb_per_s": gb, "cpu_s_per_gb": cpu})
+        results.append({**c, "label": label(c), "gb_per_s": gb, "cpu_s_per_gb": cpu, "physical_runs": phys})
     print(f"\nfresh_ratio: {show_size(a.op_bytes)} tensor, {a.passes} ops per run (median op), {a.rounds} rounds, "
           f"{time.time() - t_start:.0f} s, load average {', '.join(f'{x:.2f}' for x in load)}")
     pairs = [(x, y) for x, y in (("deepnvme", "stock"), ("deepnvme", "bare"), ("stock", "bare")) if x in impls and y in impls]

@@ -68,6 +68,7 @@ def main():
     settle = Settle(a.pause, [a.dir])
     gb = {v["name"]: [] for v in variants}
     cpu = {v["name"]: [] for v in variants}
+    runs = {v["name"]: [] for v in variants}
 
     def cfg(v):
         return {"op": a.op, "file": files[v["size"]], "size": v["size"], "op_bytes": v["op_bytes"],
@@ -95,17 +96,21 @@ def main():
             r = subprocess.run(cmd, capture_output=True, text=True, check=True)
             full = json.loads(r.stdout)
             d = max(full["engines"].values(), key=lambda e: e["gb_per_s"])
-        return (d["gb_per_s_median_op"] if v["stat"] == "median" else d["gb_per_s"]), d["cpu_s_per_gb"]
+        return (d["gb_per_s_median_op"] if v["stat"] == "median" else d["gb_per_s"]), d["cpu_s_per_gb"], \
+            d.get("physical_runs")
 
     for rnd in range(a.rounds):
         order = variants if rnd % 2 == 0 else variants[::-1]
         for v in order:
             settle()
-            g, c = one(v, rnd)
+            g, c, r = one(v, rnd)
             gb[v["name"]].append(g)
             cpu[v["name"]].append(c)
+            runs[v["name"]].append(r)
         print(f"round {rnd + 1} load {os.getloadavg()[0]:.2f}: "
-              + "  ".join(f"{v['name']} {gb[v['name']][-1]:.2f} ({cpu[v['name']][-1]:.3f} s/GB)" for v in variants),
+              + "  ".join(f"{v['name']} {gb[v['name']][-1]:.2f} ({cpu[v['name']][-1]:.3f} s/GB"
+                        + (f", {runs[v['name']][-1]} physical runs" if runs[v["name"]][-1] is not None else "") + ")"
+                        for v in variants),
               flush=True)
     base = variants[0]["name"]
     print(f"\n{a.impl} {a.op} {a.buffer} bs {a.block_size} qd {a.queue_depth} par {a.parallelism}, {a.rounds} rounds"

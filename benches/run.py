@@ -510,6 +510,7 @@ def main():
             runs = {i: [] for i in impls}
             cpu = {i: [] for i in impls}
             huge = {i: [] for i in impls if i in ("stock", "deepnvme")}
+            phys = {i: [] for i in huge}
             bare_runs = []
             for r in range(rounds):
                 order = impls if r % 2 == 0 else list(reversed(impls))
@@ -519,13 +520,14 @@ def main():
                     cpu[impl].append(out["cpu_s_per_gb"])
                     if impl in huge:
                         huge[impl].append(out.get("anon_huge_bytes"))
+                        phys[impl].append(out.get("physical_runs"))
                     if impl == "bare":
                         bare_runs.append({k: out[k] for k in ("engines", "best", "huge_bytes", "buffer_bytes")})
                     done += 1
                 log(f"run: [{done}/{total}] {'tmpfs ' if on_tmpfs else ''}{cell_label(c)} round {r + 1} "
                     f"({' '.join(order)}): " + "  ".join(f"{i} {runs[i][-1]:.3f}" for i in impls))
             into.append({**c, "label": cell_label(c), "gb_per_s": runs, "cpu_s_per_gb": cpu, "bare": bare_runs,
-                         "anon_huge_bytes": huge})
+                         "anon_huge_bytes": huge, "physical_runs": phys})
 
     if not fast:
         reserve_huge_pages(cells)
