@@ -22,9 +22,13 @@ every run:
            huge-page buffer of the op size), the faster of the two per run:
            the limit of the cell, in every cell and tier.
 
-The two Python implementations run in long-lived benches/ds_worker.py
-processes (--serve): torch's import and the JIT build stay out of every run,
-and each run gets a fresh handle and buffer. It writes OUT/README.md,
+The two Python implementations run in benches/ds_worker.py processes
+(--serve): torch's import and the JIT build stay out of every timed loop,
+and each run gets a fresh handle and buffer. In the fast tier every run gets
+a fresh process too (--workers per-run): a long-lived process draws the
+stock op's 4 KiB-paged buffer more scattered, which slows its zram writes
+by up to 1.4x (docs/perf/harnesses.md); the disk tier keeps one process
+per implementation (--workers long-lived), where that does not show. It writes OUT/README.md,
 OUT/results.json (every run), OUT/grid.png, OUT/small_ops.png and
 OUT/is_managed.png.
 """
@@ -415,6 +419,9 @@ def main():
     ap.add_argument("--cells", default=None,
                     help="only these cells, by label, comma-separated (e.g. 'W 1M q32 p1 L,R 1M q32 p2 L'): a rerun of a few")
     ap.add_argument("--no-small-ops", action="store_true", help="leave out the small-op round trips")
+    ap.add_argument("--workers", choices=("per-run", "long-lived"), default=None,
+                    help="a fresh ds_worker process for every run, or one kept per implementation "
+                         "[fast tier: per-run; disk tier: long-lived]")
     a = ap.parse_args()
     fast = a.fast_device
     if a.report_only:
@@ -463,6 +470,13 @@ def main():
     path = os.path.join(dir_, "perf-grid.dat")
 
     log("run: starting the stock worker (its first start JIT-builds DeepSpeed's async_io: minutes, far longer on a busy machine) ...")
+    worker_mode = a.workers or ("per-run" if fast else "long-lived")
+    log(f"run: Python workers: {worker_mode}")
+    # Name -> (the worker's --impl, extra environment).
+    worker_kinds = {"stock": ("stock", None), "deepnvme": ("deepnvme", None),
+                    "deepnvme-uring": ("deepnvme", {"DEEPNVME_ENGINE": "uring"})}
+    # Started either way: the first start JIT-builds the stock op, and their
+    # greetings name the modules in the report.
     workers = {"stock": Worker("stock", a.python)}
     log(f"run: stock: {workers['stock'].hello}")
     workers["deepnvme"] = Worker("deepnvme", a.python)
@@ -471,6 +485,19 @@ def main():
     if fast and a.tmpfs_dir:
         tmpfs_dir = os.path.abspath(a.tmpfs_dir)
         workers["deepnvme-uring"] = Worker("deepnvme", a.python, {"DEEPNVME_ENGINE": "uring"})
+    if worker_mode == "per-run":
+        for w in workers.values():
+            w.close()
+
+    def in_worker(impl, cfg):
+        if worker_mode == "long-lived":
+            return workers[impl].run(cfg)
+        kind, env = worker_kinds[impl]
+        w = Worker(kind, a.python, env)
+        try:
+            return w.run(cfg)
+        finally:
+            w.close()
 
     def layout(p, direct=1):
         log(f"run: laying out {p} ({show_size(size)}, untimed) ...")
@@ -494,7 +521,7 @@ def main():
         cfg = {"op": c["op"], "file": p, "size": size, "op_bytes": op_bytes, "block_size": c["bs"],
                "queue_depth": c["qd"], "parallelism": c["par"], "overlap_events": c["overlap"],
                "single_submit": 0, "buffer": c["buffer"]}
-        return workers[impl].run(cfg)
+        return in_worker(impl, cfg)
 
     results = {"cells": [], "small": [], "is_managed": None}
     tmpfs = tmpfs_cells(quick) if tmpfs_dir else []
@@ -554,7 +581,7 @@ def main():
                 if impl == "fio-psync":
                     out = run_fio_small(path, size, ob, small_seconds)
                 else:
-                    out = workers[impl].run({"op": "small", "file": path, "size": size, "op_bytes": ob,
+                    out = in_worker(impl, {"op": "small", "file": path, "size": size, "op_bytes": ob,
                                              "seconds": small_seconds, "seed": r + 1, "buffer": "locked",
                                              "block_size": MiB, "queue_depth": 32, "parallelism": 1})
                 ops[impl].append(out["ops_per_s"])
@@ -563,7 +590,7 @@ def main():
                 + "  ".join(f"{i} {ops[i][-1]:.0f}/s" for i in impls))
         results["small"].append({"op_bytes": ob, "ops_per_s": ops, "cpu_us_per_op": cpu})
 
-    for w in workers.values():
+    for w in (workers.values() if worker_mode == "long-lived" else ()):
         w.close()
     try:
         os.unlink(path)
@@ -587,7 +614,7 @@ def main():
             "pause_s": a.pause, "small_seconds": small_seconds, "drop_caches": settle.can_drop,
             "load_before": load_before, "load_after": load_after, "machine": mach, "versions": vers,
             "trimmed": trimmed, "stock_module": workers["stock"].hello, "deepnvme_module": workers["deepnvme"].hello,
-            "fast_device": fast, "tmpfs_dir": tmpfs_dir,
+            "fast_device": fast, "tmpfs_dir": tmpfs_dir, "workers": worker_mode,
             "tmpfs_filesystem": machine(tmpfs_dir)["filesystem"] if tmpfs_dir else None}
     results["meta"] = meta
     name = "fast_device" if fast else "README"
@@ -823,7 +850,13 @@ def write_fast_report(res, out):
           f"| rounds | {m['rounds']} per cell, alternating order; each run after syncfs of the tier's file systems, drop_caches, "
           f"memory compaction and a {m['pause_s']:g} s pause |", "",
           "Method as in [README.md](README.md#method); fio also runs its libaio engine "
-          "(`--ioengine=libaio`, otherwise the same job). Ratios are median [min–max] of per-round ratios.", ""]
+          "(`--ioengine=libaio`, otherwise the same job). Ratios are median [min–max] of per-round ratios. "
+          + ("The stock op and deepnvme run in a fresh `ds_worker.py` process per run (`--workers per-run`): "
+             "in a long-lived one the stock op's 4 KiB-paged buffer lands more scattered and its writes run up "
+             "to 1.4x slower ([harnesses.md](harnesses.md))."
+             if m.get("workers") == "per-run" else
+             "The stock op and deepnvme run in one long-lived `ds_worker.py` process each (`--workers long-lived`)."),
+          ""]
 
     def table(cells, with_uring):
         T = ["| cell | bare | fio io_uring | fio libaio | stock | deepnvme |" + (" deepnvme io_uring forced |" if with_uring else "")
@@ -959,8 +992,10 @@ def write_report(res, out):
     L.append("* **fio**: `--ioengine=io_uring --direct=1 --bs=B --iodepth=Q --numjobs=P`, each job its own "
              "1/P of the file (as intra_op_parallelism splits a buffer); CPU from fio's usr/sys per job.")
     L.append("* **stock**: DeepSpeed's `aio_handle` (libaio) from `AsyncIOBuilder().load()` with "
-             "`DEEPNVME_DEEPSPEED_HOOK=0`; **deepnvme**: the same call with the hook on. Both run in a "
-             "long-lived `benches/ds_worker.py --serve` process (one fresh handle and buffer per run, then one op of the "
+             "`DEEPNVME_DEEPSPEED_HOOK=0`; **deepnvme**: the same call with the hook on. Both run in "
+             + ("a fresh `benches/ds_worker.py --serve` process per run" if m.get("workers") == "per-run"
+                else "a long-lived `benches/ds_worker.py --serve` process")
+             + " (one fresh handle and buffer per run, then one op of the "
              "run's op size at offset 0, all untimed, so the timed loop sees a warm handle as a training job does: "
              "rings made, deepnvme's fixed buffers registered, its bounce pool filled); "
              "the timed loop is `sync_pread`/`sync_pwrite` of one buffer per op at increasing offsets; "
