@@ -20,6 +20,7 @@ before half of it has passed. Where the whole read is too quick to tell
 """
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -120,7 +121,14 @@ def child(code, path, engine, mode):
     env = dict(os.environ, DEEPNVME_ENGINE=engine)
     env.pop("DEEPNVME_OPS", None)  # deepnvme provides every op
     return subprocess.run([sys.executable, "-c", code, path, mode], capture_output=True, text=True, timeout=600,
-                          env=env)
+                          env=env, preexec_fn=default_sigint)
+
+
+def default_sigint():
+    """A shell starts background jobs with SIGINT ignored, and Python keeps
+    an ignored SIGINT ignored (no KeyboardInterrupt ever): give the child
+    the default a terminal's Ctrl-C meets, however this suite was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="module")
