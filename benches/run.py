@@ -27,9 +27,9 @@ The two Python implementations run in benches/ds_worker.py processes
 and each run gets a fresh handle and buffer. In the fast tier every run gets
 a fresh process too (--workers per-run): a long-lived process draws the
 stock op's 4 KiB-paged buffer more scattered, which slows its zram writes
-by up to 1.4x (docs/perf/harnesses.md); the disk tier keeps one process
-per implementation (--workers long-lived), where that does not show. It writes OUT/README.md,
-OUT/results.json (every run), OUT/grid.png, OUT/small_ops.png and
+(docs/perf/harnesses.md); the disk tier keeps one process per
+implementation (--workers long-lived), which keeps it quick. It writes
+OUT/README.md, OUT/results.json (every run), OUT/grid.png, OUT/small_ops.png and
 OUT/is_managed.png.
 """
 
@@ -170,6 +170,7 @@ def tmpfs_cells(quick):
 class Worker:
     def __init__(self, impl, python, extra_env=None):
         self.impl = impl
+        self.extra_env = extra_env  # kept so that a worker like this one can be started again
         env = dict(os.environ, **(extra_env or {}))
         env["DEEPNVME_LOG"] = "quiet"
         # Read by the hook at interpreter start-up: 0 lets DeepSpeed JIT-build its own op.
@@ -472,9 +473,6 @@ def main():
     log("run: starting the stock worker (its first start JIT-builds DeepSpeed's async_io: minutes, far longer on a busy machine) ...")
     worker_mode = a.workers or ("per-run" if fast else "long-lived")
     log(f"run: Python workers: {worker_mode}")
-    # Name -> (the worker's --impl, extra environment).
-    worker_kinds = {"stock": ("stock", None), "deepnvme": ("deepnvme", None),
-                    "deepnvme-uring": ("deepnvme", {"DEEPNVME_ENGINE": "uring"})}
     # Started either way: the first start JIT-builds the stock op, and their
     # greetings name the modules in the report.
     workers = {"stock": Worker("stock", a.python)}
@@ -492,8 +490,7 @@ def main():
     def in_worker(impl, cfg):
         if worker_mode == "long-lived":
             return workers[impl].run(cfg)
-        kind, env = worker_kinds[impl]
-        w = Worker(kind, a.python, env)
+        w = Worker(workers[impl].impl, a.python, workers[impl].extra_env)
         try:
             return w.run(cfg)
         finally:
@@ -853,7 +850,7 @@ def write_fast_report(res, out):
           "(`--ioengine=libaio`, otherwise the same job). Ratios are median [min–max] of per-round ratios. "
           + ("The stock op and deepnvme run in a fresh `ds_worker.py` process per run (`--workers per-run`): "
              "in a long-lived one the stock op's 4 KiB-paged buffer lands more scattered and its writes run up "
-             "to 1.4x slower ([harnesses.md](harnesses.md))."
+             "to 1.7x slower ([harnesses.md](harnesses.md))."
              if m.get("workers") == "per-run" else
              "The stock op and deepnvme run in one long-lived `ds_worker.py` process each (`--workers long-lived`)."),
           ""]
