@@ -20,7 +20,6 @@ before half of it has passed. Where the whole read is too quick to tell
 """
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -116,19 +115,18 @@ print("WRITTEN", size, same, flush=True)
 """
 
 
+# A shell starts background jobs with SIGINT ignored, and Python keeps an
+# ignored SIGINT ignored (no KeyboardInterrupt ever): every child starts
+# from the handler a terminal's Ctrl-C meets, however this suite was started.
+DEFAULT_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 def child(code, path, engine, mode):
     """Runs `code` in a fresh interpreter with argv (path, mode) on `engine`."""
     env = dict(os.environ, DEEPNVME_ENGINE=engine)
     env.pop("DEEPNVME_OPS", None)  # deepnvme provides every op
-    return subprocess.run([sys.executable, "-c", code, path, mode], capture_output=True, text=True, timeout=600,
-                          env=env, preexec_fn=default_sigint)
-
-
-def default_sigint():
-    """A shell starts background jobs with SIGINT ignored, and Python keeps
-    an ignored SIGINT ignored (no KeyboardInterrupt ever): give the child
-    the default a terminal's Ctrl-C meets, however this suite was started."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return subprocess.run([sys.executable, "-c", DEFAULT_SIGINT + code, path, mode], capture_output=True, text=True,
+                          timeout=600, env=env)
 
 
 @pytest.fixture(scope="module")
