@@ -53,9 +53,9 @@ Usage: benches/run.sh [OPTIONS]
 
 Environment: DEEPNVME_VENV (default /root/.cache/deepnvme-venv-perf).
 Full run after setup (2026-12-03, this 2-core VM, 4 rounds): the disk
-tier 8 min; the fast tier 19 min with long-lived workers, and about 40
-minutes more with its default fresh worker per run (a Python start,
-~8 s, before each of its ~300 stock and deepnvme runs; `run.py --workers`).
+tier 8 min; the fast tier 62 min, most of it a Python start (~8 s) before
+each of its ~300 stock and deepnvme runs, since each gets a fresh worker
+(19 min with long-lived workers: `run.py --workers long-lived`).
 --quick: 2-3 minutes. The first start JIT-builds the stock op (minutes;
 far longer on a busy machine), later runs reuse it.
 EOF
