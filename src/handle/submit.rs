@@ -105,8 +105,8 @@ impl IoHandle {
     /// `poll` and calling `between` between them, holding no lock of the
     /// handle (the Python front ends run pending signal handlers there, so
     /// Ctrl-C ends a long read at once, and a handler may use the handle).
-    /// An error from `between` is returned with the op left pending, its
-    /// buffer held; a later `wait()` finishes it. A write is never cut
+    /// An error from `between` ends a read's wait with the op left pending,
+    /// its buffer held; a later `wait()` finishes it. A write is never cut
     /// short: it writes all it was given, then returns the interruption.
     pub(crate) fn submit_blocking_with(
         &self,
@@ -165,12 +165,38 @@ impl IoHandle {
         if is_async {
             return Ok(0);
         }
-        let waited = self.wait_through(entry.seq, true, poll, between);
+        // A write is never cut short (the caller may reuse its memory once
+        // the call returns): an error from `between` is kept, and the wait
+        // goes on to the end, as a windowed write's does.
+        let writes = entry.meta.direction == Some(Direction::Write);
+        let mut interruption: Option<crate::error::Error> = None;
+        let waited = if writes {
+            let mut keep_interruption = || {
+                if interruption.is_none() {
+                    if let Err(e) = between() {
+                        interruption = Some(e);
+                    }
+                }
+                Ok(())
+            };
+            self.wait_through(entry.seq, true, poll, &mut keep_interruption)
+        } else {
+            self.wait_through(entry.seq, true, poll, between)
+        };
         // Finished by another call (a wait() in a signal handler, another
         // thread's), its result was kept for this one.
-        match entry.release_from_caller() {
+        let result = match entry.release_from_caller() {
             Some(kept) => combine(waited, kept),
             None => waited,
+        };
+        match interruption {
+            Some(e) => {
+                if let Err(failed) = &result {
+                    crate::rt::log::error(&failed.to_string());
+                }
+                Err(e)
+            }
+            None => result,
         }
     }
 

@@ -5,10 +5,11 @@ of this run (DEEPNVME_FRONTEND is inherited), with each engine:
   after async_pread -- ends it with KeyboardInterrupt promptly, not once the
   I/O is done; the op stays pending with its buffer held, and the next
   wait() finishes it with the right bytes;
-* Ctrl-C 0.1 s into a blocking write of a plain tensor (320 MiB, streamed
-  through bounce windows) writes everything it was given, then raises
-  KeyboardInterrupt (not a moved-tensor error: no Python call runs with the
-  interruption pending);
+* Ctrl-C 0.1 s into a blocking write (320 MiB; a plain tensor streamed
+  through bounce windows, or a locked one written straight from its memory)
+  writes everything it was given, then raises KeyboardInterrupt (not a
+  moved-tensor error: no Python call runs with the interruption pending),
+  so the caller may reuse the tensor at once;
 * a storm of signals whose Python handler returns (SIGUSR1 every
   millisecond) interrupts the engines' system calls (EINTR) and runs the
   handler during the wait; the transfers still complete, byte for byte.
@@ -95,23 +96,33 @@ import torch
 from deepspeed.ops.op_builder import AsyncIOBuilder
 
 aio = AsyncIOBuilder().load()
-out = sys.argv[1] + ".written"
-h = aio.aio_handle(1 << 20, 32, False, True, 2)
-data = torch.randint(0, 256, (320 << 20,), dtype=torch.uint8)  # plain: bounced, windowed
+buffer = sys.argv[2]
+out = sys.argv[1] + "." + buffer + ".written"
+data = torch.randint(0, 256, (320 << 20,), dtype=torch.uint8)
+if buffer == "plain":  # bounced, windowed
+    h = aio.aio_handle(1 << 20, 32, False, True, 2)
+    src = data.clone()
+else:  # locked: straight from the caller's memory, queued to the workers
+    h = aio.aio_handle(64 << 10, 2, False, True, 2)
+    src = h.new_cpu_locked_tensor(data.numel(), torch.empty(0, dtype=torch.uint8))
+    src.copy_(data)
 threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
 done = False
 try:
-    h.sync_pwrite(data, out)
+    h.sync_pwrite(src, out)
     done = True
     print("COMPLETED", flush=True)
     time.sleep(1)  # the SIGINT comes here instead
 except KeyboardInterrupt:
     if not done:
         print("INTERRUPTED", flush=True)
+src.zero_()  # the caller reuses its memory once the call returned
+time.sleep(0.2)
 size = os.path.getsize(out)
 with open(out, "rb") as f:
     same = f.read() == data.numpy().tobytes()
 print("WRITTEN", size, same, flush=True)
+print("LATER-WAIT", h.wait(), flush=True)
 """
 
 
@@ -161,15 +172,17 @@ def test_a_signal_storm_does_not_break_transfers(big_file, engine, mode):
     assert handled > 10, f"only {handled} signals were handled: no storm"
 
 
+@pytest.mark.parametrize("buffer", ["plain", "locked"])
 @pytest.mark.parametrize("engine", ENGINES)
-def test_ctrl_c_during_a_blocking_write_writes_everything_then_raises(big_file, engine):
-    proc = child(WRITE, big_file, engine, "sync")
+def test_ctrl_c_during_a_blocking_write_writes_everything_then_raises(big_file, engine, buffer):
+    proc = child(WRITE, big_file, engine, buffer)
     out = proc.stdout
     assert proc.returncode == 0 and "WRITTEN" in out, out + proc.stderr[-3000:]
     if "COMPLETED" in out:
         pytest.skip("the whole 320 MiB write took under 0.1 s here: nothing to interrupt")
     assert "INTERRUPTED" in out, "the KeyboardInterrupt was lost: " + out + proc.stderr[-2000:]
     assert f"WRITTEN {320 << 20} True" in out, "the interrupted write did not write everything it was given: " + out
+    assert "LATER-WAIT 0" in out, "the interrupted write was left pending: " + out
 
 LEASE_CHILD = r"""
 import fcntl, os, signal, sys, threading, time
