@@ -15,8 +15,10 @@
 //! set's placeholder carries its member files.
 //!
 //! Files: `open.rs` (opening, the buffered twin, closing), `stat.rs` (what
-//! the kernel reports of a descriptor).
+//! the kernel reports of a descriptor), `device_quirks.rs` (drivers whose
+//! reported memory alignment is wrong).
 
+mod device_quirks;
 mod open;
 mod stat;
 

@@ -1,5 +1,6 @@
 //! What the kernel says of an open descriptor: its O_DIRECT alignment
-//! (`statx` `STATX_DIOALIGN`), its identity (device and inode), its size
+//! (`statx` `STATX_DIOALIGN`, raised where a driver misreports it: see
+//! `device_quirks.rs`), its identity (device and inode), its size
 //! (`BLKGETSIZE64` for a block device, whose stat says 0), its flags.
 
 use std::io;
@@ -113,9 +114,10 @@ pub(crate) fn stat_for_io(fd: RawFd) -> (Option<DioAlignment>, Option<u64>, Opti
         if stx.stx_dio_offset_align == 0 {
             return (None, size, identity);
         }
+        let device_major = if is_block { stx.stx_rdev_major } else { stx.stx_dev_major };
         let alignment = DioAlignment {
             offset: stx.stx_dio_offset_align as usize,
-            memory: (stx.stx_dio_mem_align as usize).max(1),
+            memory: super::device_quirks::memory_alignment(device_major, (stx.stx_dio_mem_align as usize).max(1)),
         };
         (Some(alignment), size, identity)
     }

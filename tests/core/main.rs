@@ -17,3 +17,4 @@ mod huge_pages;
 mod knobs;
 mod robustness;
 mod unaligned;
+mod zram;
