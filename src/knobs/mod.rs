@@ -403,6 +403,58 @@ pub(crate) struct Settings {
     pub op_stream: bool,
     /// [`HUGE_PAGES_ENV`] is not `0`.
     pub huge_pages: bool,
+    /// What is wrong with each variable above whose value could not be
+    /// read (it then has its default); a handle refuses to start while any
+    /// is (see [`check_settings`]).
+    pub malformed: Vec<String>,
+}
+
+/// A whole number of MiB from `name` (`default` when unset or blank); any
+/// other value is recorded in `malformed`.
+fn mib_from(name: &str, default: impl FnOnce() -> usize, malformed: &mut Vec<String>) -> usize {
+    mib_value(name, non_blank(name), default, malformed)
+}
+
+fn mib_value(name: &str, value: Option<String>, default: impl FnOnce() -> usize, malformed: &mut Vec<String>) -> usize {
+    match value {
+        None => default(),
+        Some(v) => v.trim().parse::<usize>().unwrap_or_else(|_| {
+            malformed.push(format!("{name}={v:?} is not a whole number of MiB"));
+            default()
+        }),
+    }
+}
+
+/// An on/off switch from `name` (`default` when unset or blank): `1`,
+/// `true`, `on`, `yes` or `0`, `false`, `off`, `no`; any other value is
+/// recorded in `malformed`.
+fn switch_from(name: &str, default: bool, malformed: &mut Vec<String>) -> bool {
+    switch_value(name, non_blank(name), default, malformed)
+}
+
+fn switch_value(name: &str, value: Option<String>, default: bool, malformed: &mut Vec<String>) -> bool {
+    let Some(v) = value else { return default };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => true,
+        "0" | "false" | "off" | "no" => false,
+        _ => {
+            malformed.push(format!("{name}={v:?} is neither 1 nor 0"));
+            default
+        }
+    }
+}
+
+/// Fails naming every malformed variable (a handle is not made with
+/// settings the user did not ask for).
+pub(crate) fn check_settings() -> crate::error::Result<()> {
+    let malformed = &settings().malformed;
+    if malformed.is_empty() {
+        return Ok(());
+    }
+    Err(crate::error::Error::InvalidArgument(format!(
+        "{} (the environment is read once per process: fix or unset it and restart)",
+        malformed.join("; ")
+    )))
 }
 
 fn non_blank(name: &str) -> Option<String> {
@@ -426,24 +478,21 @@ impl Settings {
             None => Ok(EngineChoice::Auto),
             Some(v) => parse_engine(&v).ok_or(v),
         };
+        let mut malformed = Vec::new();
+        let m = &mut malformed;
         Settings {
             engine,
             quiet: matches!(std::env::var(LOG_ENV).as_deref(), Ok("quiet") | Ok("0") | Ok("off")),
-            gds_cpu_only: std::env::var(GDS_CPU_ONLY_ENV).as_deref() == Ok("1"),
+            gds_cpu_only: switch_from(GDS_CPU_ONLY_ENV, false, m),
             cufile_lib: non_blank(CUFILE_LIB_ENV),
             cuda_lib: non_blank(CUDA_LIB_ENV),
-            stats_at_exit: std::env::var(STATS_ENV).as_deref() == Ok("1"),
-            bounce_pool_max_bytes: non_blank(BOUNCE_POOL_MB_ENV)
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(DEFAULT_BOUNCE_POOL_MB)
-                .saturating_mul(1 << 20),
-            bounce_max_bytes: non_blank(BOUNCE_MAX_MB_ENV)
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or_else(default_bounce_max_mb)
-                .saturating_mul(1 << 20),
-            fixed_buffers: !matches!(std::env::var(FIXED_BUFFERS_ENV).as_deref().map(str::trim), Ok("0")),
-            op_stream: !matches!(std::env::var(OP_STREAM_ENV).as_deref().map(str::trim), Ok("0")),
-            huge_pages: !matches!(std::env::var(HUGE_PAGES_ENV).as_deref().map(str::trim), Ok("0")),
+            stats_at_exit: switch_from(STATS_ENV, false, m),
+            bounce_pool_max_bytes: mib_from(BOUNCE_POOL_MB_ENV, || DEFAULT_BOUNCE_POOL_MB, m).saturating_mul(1 << 20),
+            bounce_max_bytes: mib_from(BOUNCE_MAX_MB_ENV, default_bounce_max_mb, m).saturating_mul(1 << 20),
+            fixed_buffers: switch_from(FIXED_BUFFERS_ENV, true, m),
+            op_stream: switch_from(OP_STREAM_ENV, true, m),
+            huge_pages: switch_from(HUGE_PAGES_ENV, true, m),
+            malformed,
         }
     }
 }

@@ -9,6 +9,28 @@ fn engine_names_parse() {
 }
 
 #[test]
+fn numbers_and_switches_parse_and_anything_else_is_malformed() {
+    let mut bad = Vec::new();
+    assert_eq!(mib_value("X_MB", Some(" 64 ".into()), || 7, &mut bad), 64);
+    assert_eq!(mib_value("X_MB", None, || 7, &mut bad), 7);
+    assert!(bad.is_empty());
+    for v in ["64MB", "1e3", "-1", "0x40"] {
+        assert_eq!(mib_value("X_MB", Some(v.into()), || 7, &mut bad), 7, "{v}");
+    }
+    assert_eq!(bad.len(), 4);
+    assert!(bad[0].contains("X_MB=\"64MB\"") && bad[0].contains("MiB"), "{}", bad[0]);
+
+    let mut bad = Vec::new();
+    for (v, want) in [("1", true), ("TRUE", true), ("on", true), ("yes", true), ("0", false), ("off", false), ("No", false)] {
+        assert_eq!(switch_value("X_ON", Some(v.into()), !want, &mut bad), want, "{v}");
+    }
+    assert!(switch_value("X_ON", None, true, &mut bad));
+    assert!(bad.is_empty(), "{bad:?}");
+    assert!(switch_value("X_ON", Some("disable".into()), true, &mut bad));
+    assert!(bad.len() == 1 && bad[0].contains("X_ON=\"disable\""), "{bad:?}");
+}
+
+#[test]
 fn every_variable_is_documented_once() {
     let mut names: Vec<_> = VARIABLES.iter().map(|v| v.name).collect();
     names.sort();
