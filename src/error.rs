@@ -219,6 +219,23 @@ impl fmt::Display for Error {
     }
 }
 
+impl Error {
+    /// A copy's error with the op it was for ("pwrite of N bytes at offset
+    /// O of PATH") in front, and without torch's C++ backtrace; other errors
+    /// as they are.
+    pub(crate) fn in_copy_of(self, what: &dyn Fn() -> String) -> Error {
+        match self {
+            Error::Copy(m) => Error::Copy(format!("{}: {}", what(), without_backtrace(&m))),
+            e => e,
+        }
+    }
+}
+
+/// A c10::Error's text up to its "Exception raised from ..." backtrace.
+fn without_backtrace(text: &str) -> &str {
+    text.find("\nException raised from").map_or(text, |i| &text[..i]).trim_end()
+}
+
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
@@ -305,5 +322,14 @@ mod tests {
         let e = super::catch_panic("pread", || -> super::Result<()> { panic!("boom") }).unwrap_err();
         assert!(matches!(&e, Error::Internal { call, panic } if call == "pread" && panic == "boom"), "{e:?}");
         assert_eq!(e.to_string(), "I/O engine: internal error in pread: boom");
+    }
+
+    #[test]
+    fn a_copy_error_gets_its_op_and_loses_the_backtrace() {
+        let torch = "copy_() refused.\nException raised from f at x.cpp:1 (most recent call first):\nframe #0: g";
+        let e = Error::Copy(torch.into()).in_copy_of(&|| "read of 8 bytes at offset 0 of /f".into());
+        assert_eq!(e.to_string(), "buffer copy failed: read of 8 bytes at offset 0 of /f: copy_() refused.");
+        let e = Error::Engine("x".into()).in_copy_of(&|| "op".into());
+        assert_eq!(e.to_string(), "I/O engine: x", "other errors are left alone");
     }
 }

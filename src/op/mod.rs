@@ -215,7 +215,7 @@ impl CpuOp {
                         // SAFETY: the caller's `len` bytes, held still (see caller.rs).
                         parallel_copy(dst, unsafe { bytes(src, len) })
                     })?,
-                    None => staging.copy_to_bounce(dst)?,
+                    None => staging.copy_to_bounce(dst).map_err(|e| e.in_copy_of(&what))?,
                 }
             }
             IoMemory::Bounce { buffer: bounce, skew, staging, host: caller }
@@ -313,7 +313,7 @@ impl CpuOp {
                         // SAFETY: the caller's `len` bytes, held still (see caller.rs).
                         parallel_copy(unsafe { bytes_mut(dst, src.len()) }, src)
                     }),
-                    None => staging.copy_from_bounce(src),
+                    None => staging.copy_from_bounce(src).map_err(|e| e.in_copy_of(&what)),
                 }
             }
             _ => Ok(()),

@@ -361,3 +361,16 @@ def test_a_switch_spelled_as_a_word_is_read():
         print("CREATED", flush=True)
     """, env={"DEEPNVME_HUGE_PAGES": "off", "DEEPNVME_FIXED_BUFFERS": "false"})
     assert proc.returncode == 0 and "CREATED" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+def test_a_failed_copy_names_the_op_without_a_backtrace(handle, data_dir):
+    """A copy torch refuses (a read into an expand()ed tensor, whose
+    elements share memory) raises naming the file and the offset, in a few
+    lines: torch's C++ backtrace is left out."""
+    p = data_dir / "src.bin"
+    p.write_bytes(pattern(4096, 3))
+    with pytest.raises(RuntimeError) as raised:
+        handle.sync_pread(torch.zeros(1, dtype=torch.uint8).expand(4096), str(p))
+    text = str(raised.value)
+    assert str(p) in text and "offset 0" in text, text
+    assert "frame #" not in text and len(text.splitlines()) <= 3, text
