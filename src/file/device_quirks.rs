@@ -5,8 +5,11 @@
 //! page-aligned: a direct write from `buffer + 512` stores the bytes at
 //! `buffer + 4096` (Linux 6.18; docs/striping.md). For files on such a
 //! device, or the device itself, memory must be page-aligned to go direct;
-//! anything else bounces. The driver of a major number is learnt once from
-//! `/proc/devices` and kept (lock-free, so fork-safe).
+//! other memory goes through the file's buffered descriptor (the page
+//! cache). The driver of a major number is learnt once from `/proc/devices`
+//! and kept (lock-free, so fork-safe). Not seen through: zram under another
+//! layer (overlayfs reports major 0; a loop device, device-mapper or md
+//! report their own driver).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 

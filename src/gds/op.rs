@@ -69,7 +69,8 @@ impl OpCompletion for GdsCompletion {
             match self.staging.as_mut() {
                 Some(staging) => {
                     let mut host = PageAlignedBuffer::new(self.len, LockMode::None)?;
-                    staging.copy_to_bounce(host.as_mut_slice())?;
+                    let what = || crate::op::checks::describe_op(self.direction, self.len, self.file_offset, &self.file);
+                    staging.copy_to_bounce(host.as_mut_slice()).map_err(|e| e.in_copy_of(&what))?;
                     report_validation(self.direction, &self.file, self.file_offset, host.as_slice());
                 }
                 None => crate::rt::log::stdout_line(&format!(

@@ -165,38 +165,20 @@ impl IoHandle {
         if is_async {
             return Ok(0);
         }
-        // A write is never cut short (the caller may reuse its memory once
-        // the call returns): an error from `between` is kept, and the wait
-        // goes on to the end, as a windowed write's does.
-        let writes = entry.meta.direction == Some(Direction::Write);
-        let mut interruption: Option<crate::error::Error> = None;
-        let waited = if writes {
-            let mut keep_interruption = || {
-                if interruption.is_none() {
-                    if let Err(e) = between() {
-                        interruption = Some(e);
-                    }
-                }
-                Ok(())
-            };
-            self.wait_through(entry.seq, true, poll, &mut keep_interruption)
-        } else {
-            self.wait_through(entry.seq, true, poll, between)
-        };
+        let waited = self.wait_through(entry.seq, true, poll, between);
+        // A write is never cut short: the caller may reuse its memory once
+        // the call returns, so a wait that ended early (Ctrl-C) still waits
+        // for this op's own I/O, without running handlers meanwhile. Its
+        // finishing, and earlier ops', are left to the next wait(), as an
+        // interrupted read is (and as `drive_windowed` does for writes).
+        if waited.is_err() && entry.meta.direction == Some(Direction::Write) {
+            entry.until_slices_done();
+        }
         // Finished by another call (a wait() in a signal handler, another
         // thread's), its result was kept for this one.
-        let result = match entry.release_from_caller() {
+        match entry.release_from_caller() {
             Some(kept) => combine(waited, kept),
             None => waited,
-        };
-        match interruption {
-            Some(e) => {
-                if let Err(failed) = &result {
-                    crate::rt::log::error(&failed.to_string());
-                }
-                Err(e)
-            }
-            None => result,
         }
     }
 

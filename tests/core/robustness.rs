@@ -238,12 +238,12 @@ fn an_interrupted_blocking_write_writes_what_it_was_given() {
 }
 
 /// The same for a write straight from pinned memory (queued to the workers,
-/// no bounce): the interrupted call returns only once every byte is in the
-/// file, so reusing the memory at once changes nothing in it.
+/// no bounce): the interrupted call returns only once its I/O has ended,
+/// so reusing the memory at once changes nothing in the file.
 #[test]
 fn an_interrupted_blocking_write_of_pinned_memory_writes_what_it_was_given() {
     let dir = TempDir::new("gate-write-pinned");
-    let len = 32 << 20;
+    let len = 4 << 20; // within an 8 MiB RLIMIT_MEMLOCK; 1024 requests, still running at the first poll
     let data = pattern(43, len);
     for engine in engines() {
         // Small blocks, few in flight: the write is still running at the first poll.
@@ -267,7 +267,8 @@ fn an_interrupted_blocking_write_of_pinned_memory_writes_what_it_was_given() {
         src.as_mut_slice().fill(0); // the caller reuses its memory as soon as the call returned
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert_bytes_eq(&read_file(&path), &data, "file after an interrupted write of pinned memory");
-        assert_eq!(h.wait().unwrap(), 0, "{engine:?}: the write finished in its call");
+        // Its I/O ended in the call; finishing it (closing, counting) is left to wait().
+        assert!(h.wait().unwrap() <= 1, "{engine:?}: only the interrupted write was pending");
     }
 }
 

@@ -91,7 +91,7 @@ def test_writes_never_waited_for_finish_at_exit_without_a_false_failure(tmp_path
         from deepspeed.ops.op_builder import AsyncIOBuilder
         h = AsyncIOBuilder().load().aio_handle(4096, 1, False, False, 1)
         for i in range(3):
-            b = h.new_cpu_locked_tensor(16 << 20, torch.empty(0, dtype=torch.uint8))
+            b = h.new_cpu_locked_tensor(2 << 20, torch.empty(0, dtype=torch.uint8))
             b.fill_(0x5A)
             assert h.async_pwrite(b, "{tmp_path}/w" + str(i) + ".bin") == 0
         print("EXITING", flush=True)
@@ -99,4 +99,4 @@ def test_writes_never_waited_for_finish_at_exit_without_a_false_failure(tmp_path
     assert proc.returncode == 0 and "EXITING" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert "deepnvme error" not in proc.stderr, "a false failure report at exit: " + proc.stderr[-3000:]
     for i in range(3):
-        assert (tmp_path / f"w{i}.bin").read_bytes() == b"\x5a" * (16 << 20), f"w{i}.bin is not whole"
+        assert (tmp_path / f"w{i}.bin").read_bytes() == b"\x5a" * (2 << 20), f"w{i}.bin is not whole"
