@@ -136,3 +136,13 @@ impl HandleConfig {
         }
     }
 }
+
+/// Fails naming every malformed `DEEPNVME_*` variable: a handle, a locked
+/// tensor or a one-shot transfer is not made with settings the user did
+/// not ask for.
+pub(crate) fn check_settings() -> Result<()> {
+    match knobs::malformed_settings() {
+        Some(why) => Err(Error::InvalidArgument(why)),
+        None => Ok(()),
+    }
+}

@@ -233,7 +233,7 @@ impl Drop for Handle {
 /// thread's cached engine moves the bytes.
 pub fn one_shot(request: Request<'_>, knobs: &DeepSpeedKnobs) -> Result<i32> {
     // Raised, not -1: the environment, not the request, is wrong.
-    crate::knobs::check_settings()?;
+    crate::config::check_settings()?;
     let config = match (DeepSpeedKnobs { intra_op_parallelism: 1, use_gds: false, ..*knobs }).config() {
         Ok(c) => c,
         Err(e) => return code(Err(e)),
@@ -290,7 +290,7 @@ pub fn memcpy_f32(dest: &TensorDesc, src: &TensorDesc) -> Result<i32> {
 /// [`pinned_free`] may unmanage them earlier, as DeepSpeed's
 /// `free_cpu_locked_tensor` does, while the memory stays mapped for its owner.
 pub fn pinned_alloc_owned(num_elem: i64, element_size: usize) -> Result<crate::pinned::LockedBuffer> {
-    crate::knobs::check_settings()?;
+    crate::config::check_settings()?;
     let bytes = locked_bytes(num_elem, element_size)?;
     blocking(|| crate::pinned::LockedBuffer::new(bytes))
 }

@@ -109,7 +109,7 @@ impl IoHandle {
     /// CPU buffers only. May block (cuFile driver open).
     pub fn new_gds(config: HandleConfig) -> Result<IoHandle> {
         config.validate()?;
-        knobs::check_settings()?;
+        crate::config::check_settings()?;
         let cpu_config = HandleConfig {
             intra_op_parallelism: 1,
             ..config.clone()
@@ -146,7 +146,7 @@ impl IoHandle {
 
     pub(super) fn build(config: HandleConfig, device_route: DeviceRoute) -> Result<IoHandle> {
         config.validate()?;
-        knobs::check_settings()?;
+        crate::config::check_settings()?;
         stats::report_at_exit_if_asked();
         let engine_kind = resolve_engine(&config)?;
         let counters = Arc::new(Counters::new());

@@ -405,7 +405,7 @@ pub(crate) struct Settings {
     pub huge_pages: bool,
     /// What is wrong with each variable above whose value could not be
     /// read (it then has its default); a handle refuses to start while any
-    /// is (see [`check_settings`]).
+    /// is (see [`malformed_settings`]).
     pub malformed: Vec<String>,
 }
 
@@ -444,17 +444,13 @@ fn switch_value(name: &str, value: Option<String>, default: bool, malformed: &mu
     }
 }
 
-/// Fails naming every malformed variable (a handle is not made with
-/// settings the user did not ask for).
-pub(crate) fn check_settings() -> crate::error::Result<()> {
+/// What is wrong with the environment, naming every malformed variable
+/// (`config::check_settings` refuses to make a handle with it).
+pub(crate) fn malformed_settings() -> Option<String> {
     let malformed = &settings().malformed;
-    if malformed.is_empty() {
-        return Ok(());
-    }
-    Err(crate::error::Error::InvalidArgument(format!(
-        "{} (the environment is read once per process: fix or unset it and restart)",
-        malformed.join("; ")
-    )))
+    (!malformed.is_empty()).then(|| {
+        format!("{} (the environment is read once per process: fix or unset it and restart)", malformed.join("; "))
+    })
 }
 
 fn non_blank(name: &str) -> Option<String> {
