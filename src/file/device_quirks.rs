@@ -47,8 +47,9 @@ fn needs_page_aligned_memory(major: u32) -> bool {
         Some(NEEDS_PAGE_ALIGNED_MEMORY) => return true,
         _ => {}
     }
-    let Some(driver) = block_driver_of(major) else { return false };
-    let quirky = PAGE_ALIGNED_MEMORY_DRIVERS.contains(&driver.as_str());
+    // Kept whatever the answer, an unreadable /proc/devices too: this runs
+    // on every op's open, which must not read a file each time.
+    let quirky = block_driver_of(major).is_some_and(|driver| PAGE_ALIGNED_MEMORY_DRIVERS.contains(&driver.as_str()));
     if let Some(c) = cached {
         c.store(if quirky { NEEDS_PAGE_ALIGNED_MEMORY } else { PLAIN }, Ordering::Relaxed);
     }
@@ -56,8 +57,7 @@ fn needs_page_aligned_memory(major: u32) -> bool {
 }
 
 /// The block driver registered for `major`, from /proc/devices (`None`
-/// when it cannot be read, or names no such major: then nothing is cached
-/// and the next op asks again).
+/// when it cannot be read, or names no such major).
 fn block_driver_of(major: u32) -> Option<String> {
     let devices = std::fs::read_to_string("/proc/devices").ok()?;
     block_driver_in(&devices, major)
