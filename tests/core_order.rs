@@ -17,6 +17,11 @@
 //!   [`test_support::last_admitted_seq`]). Each thread's own ops must have
 //!   increasing numbers. A fixed seed and a random one (printed;
 //!   `DEEPNVME_MODEL_SEED=<n>` replays one), both engines, a watchdog.
+//! * The model on growing files: the files start empty, writes land
+//!   anywhere (leaving holes), and each read is of bytes its own thread wrote
+//!   earlier, often with that write still pending. The order makes such a
+//!   read see the write, so none may be refused as past the end of the file,
+//!   and each file must end as long as the model says.
 
 use deepnvme::test_support as common;
 
@@ -275,16 +280,44 @@ fn pick(rng: &mut Rng) -> (Entry, bool, usize) {
     (entry, is_async, len)
 }
 
-fn run_thread(h: &IoHandle, bases: &[Raw], files: &[PathBuf], thread: usize, seed: u64) -> Result<Vec<ModelOp>, String> {
+/// Whether the files start full (any op anywhere) or empty (a read only of
+/// bytes its own thread wrote before it, so that the file is long enough
+/// in the order the handle promises).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Files {
+    Full,
+    Growing,
+}
+
+fn run_thread(
+    h: &IoHandle,
+    bases: &[Raw],
+    files: &[PathBuf],
+    kind: Files,
+    thread: usize,
+    seed: u64,
+) -> Result<Vec<ModelOp>, String> {
     let mut rng = Rng::new(seed ^ (thread as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let mut done = Vec::new();
+    let mut done: Vec<ModelOp> = Vec::new();
     for _ in 0..OPS_PER_THREAD {
-        let (entry, is_async, len) = pick(&mut rng);
+        let (mut entry, is_async, mut len) = pick(&mut rng);
+        let mut file = rng.range(0, files.len() - 1);
+        let mut offset = rng.range(0, (FILE_BYTES - len) / 512) * 512 + if rng.range(0, 2) == 0 { 6 } else { 0 };
+        if kind == Files::Growing && matches!(entry, Entry::Pread | Entry::ReadInto | Entry::InlineRead) {
+            let own_writes: Vec<&ModelOp> = done.iter().filter(|op| !op.reads()).collect();
+            if own_writes.is_empty() {
+                entry = Entry::Pwrite;
+            } else {
+                let w = own_writes[rng.range(0, own_writes.len() - 1)];
+                len = len.min(w.len);
+                file = w.file;
+                offset = w.offset + rng.range(0, w.len - len);
+            }
+        }
+        let is_async = is_async && matches!(entry, Entry::Pread | Entry::Pwrite);
         let base = rng.range(0, bases.len() - 1);
         let start = rng.range(0, (bases[base].1 - len) / 512) * 512 + if rng.range(0, 2) == 0 { 2 } else { 0 };
         let start = start.min(bases[base].1 - len);
-        let file = rng.range(0, files.len() - 1);
-        let offset = rng.range(0, (FILE_BYTES - len) / 512) * 512 + if rng.range(0, 2) == 0 { 6 } else { 0 };
         let offset = offset.min(FILE_BYTES - len);
         // SAFETY: inside the base, which outlives the round.
         let desc = unsafe { BufferDesc::from_raw_parts((bases[base].0 + start) as *mut u8, len) };
@@ -318,7 +351,7 @@ fn run_thread(h: &IoHandle, bases: &[Raw], files: &[PathBuf], thread: usize, see
     Ok(done)
 }
 
-fn run_model(engine: EngineKind, seed: u64) -> Result<(), String> {
+fn run_model(engine: EngineKind, kind: Files, seed: u64) -> Result<(), String> {
     let dir = TempDir::new("order-model");
     let mut rng = Rng::new(seed);
     let init: Vec<Vec<u8>> = (0..3).map(|i| pattern(seed.wrapping_add(i), BASE_BYTES)).collect();
@@ -330,13 +363,18 @@ fn run_model(engine: EngineKind, seed: u64) -> Result<(), String> {
     let mut model_bases = init.clone();
     let mut model_files: Vec<Vec<u8>> = Vec::new();
     for (i, f) in files.iter().enumerate() {
-        let data = pattern(seed.wrapping_add(10 + i as u64), FILE_BYTES);
+        let data = match kind {
+            Files::Full => pattern(seed.wrapping_add(10 + i as u64), FILE_BYTES),
+            Files::Growing => Vec::new(),
+        };
         write_file(f, &data);
         model_files.push(data);
     }
     let h = handle_with(engine, 64 << 10, 8, false, true, 2);
     let mut history: Vec<ModelOp> = Vec::new();
-    for round in 0..ROUNDS {
+    // Three rounds of growing files keep CI short; each round reads behind pending writes.
+    let rounds = if kind == Files::Growing { 3 } else { ROUNDS };
+    for round in 0..rounds {
         let round_seed = rng.next_u64();
         let barrier = Barrier::new(THREADS);
         let results: Vec<Result<Vec<ModelOp>, String>> = std::thread::scope(|s| {
@@ -345,7 +383,7 @@ fn run_model(engine: EngineKind, seed: u64) -> Result<(), String> {
                     let (h, bases, files, barrier) = (&h, &bases, &files, &barrier);
                     s.spawn(move || {
                         barrier.wait();
-                        run_thread(h, bases, files, t, round_seed)
+                        run_thread(h, bases, files, kind, t, round_seed)
                     })
                 })
                 .collect();
@@ -360,8 +398,14 @@ fn run_model(engine: EngineKind, seed: u64) -> Result<(), String> {
         for op in &ops {
             let (b, f) = (&mut model_bases[op.base], &mut model_files[op.file]);
             if op.reads() {
+                if f.len() < op.offset + op.len {
+                    return Err(format!("round {round}: {op:?} succeeded past the model's end of file ({})", f.len()));
+                }
                 b[op.start..op.start + op.len].copy_from_slice(&f[op.offset..op.offset + op.len]);
             } else {
+                if f.len() < op.offset + op.len {
+                    f.resize(op.offset + op.len, 0);
+                }
                 f[op.offset..op.offset + op.len].copy_from_slice(&b[op.start..op.start + op.len]);
             }
         }
@@ -378,6 +422,9 @@ fn run_model(engine: EngineKind, seed: u64) -> Result<(), String> {
             let got = std::fs::read(f).map_err(|e| e.to_string())?;
             if let Some(at) = got.iter().zip(&model_files[i]).position(|(g, w)| g != w) {
                 return Err(format!("round {round}: file {i} differs from the model at byte {at}\n{}", describe(&history, None, Some((i, at)))));
+            }
+            if got.len() != model_files[i].len() {
+                return Err(format!("round {round}: file {i} is {} bytes, the model's {}", got.len(), model_files[i].len()));
             }
         }
     }
@@ -397,21 +444,30 @@ fn describe(history: &[ModelOp], base: Option<(usize, usize)>, file: Option<(usi
         .join("\n")
 }
 
-#[test]
-fn threads_sharing_buffers_and_files_match_the_model_in_admission_order() {
+fn check_model(kind: Files) {
     let _g = serial();
     let random = std::env::var("DEEPNVME_MODEL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
     });
-    eprintln!("core_order model: seeds {FIXED_SEED} and {random} (DEEPNVME_MODEL_SEED={random} replays the second)");
+    eprintln!("core_order model ({kind:?} files): seeds {FIXED_SEED} and {random} (DEEPNVME_MODEL_SEED={random} replays the second)");
     for engine in engines() {
         for seed in [FIXED_SEED, random] {
-            let _w = watchdog(format!("the order model on {engine:?}, seed {seed}"), Duration::from_secs(300));
-            if let Err(e) = run_model(engine, seed) {
-                panic!("{engine:?}, seed {seed} (DEEPNVME_MODEL_SEED={seed} cargo test --test core_order): {e}");
+            let _w = watchdog(format!("the order model on {engine:?}, {kind:?} files, seed {seed}"), Duration::from_secs(300));
+            if let Err(e) = run_model(engine, kind, seed) {
+                panic!("{engine:?}, {kind:?} files, seed {seed} (DEEPNVME_MODEL_SEED={seed} cargo test --test core_order): {e}");
             }
         }
     }
+}
+
+#[test]
+fn threads_sharing_buffers_and_files_match_the_model_in_admission_order() {
+    check_model(Files::Full);
+}
+
+#[test]
+fn reads_of_bytes_a_pending_write_grew_the_file_by_see_them() {
+    check_model(Files::Growing);
 }
 
 /// Small blocking reads run on the calling thread when nothing is pending;

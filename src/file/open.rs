@@ -414,6 +414,12 @@ impl OpenFile {
         if let Some(size) = self.size_at_open {
             return Ok(size);
         }
+        self.size_now()
+    }
+
+    /// Size of the file or block device from `fstat` (or `BLKGETSIZE64`)
+    /// now: after writes that grew it since it was opened.
+    pub fn size_now(&self) -> Result<u64> {
         fd_size(self.any_fd()).map_err(|(action, source)| Error::File { path: self.display_path(), action, source })
     }
 

@@ -17,7 +17,7 @@ use crate::engine::Engine;
 use crate::buffer::{Location, Staging};
 use crate::error::{Direction, Error, Result, TransferError};
 use crate::file::OpenFile;
-use crate::op::checks::{check_file_offset, check_read_extent, report_validation};
+use crate::op::checks::{check_file_offset, check_read_extent, report_validation, EarlierWrites};
 use crate::op::work::{OpCompletion, OpFootprint, OpMeta, OpWork, PreparedOp};
 use crate::op::OpRequest;
 use crate::pinned::{LockMode, PageAlignedBuffer};
@@ -91,6 +91,7 @@ pub(crate) fn prepare(
     request: OpRequest<'_>,
     parallelism: usize,
     block_size: usize,
+    earlier_writes: EarlierWrites<'_>,
 ) -> Result<PreparedOp> {
     let OpRequest { direction, target, file_offset, buffer, staging, validate } = request;
     let device_ordinal = match buffer.location() {
@@ -108,7 +109,7 @@ pub(crate) fn prepare(
         )));
     }
     if direction == Direction::Read {
-        check_read_extent(&file, file_offset, len)?;
+        check_read_extent(&file, file_offset, len, earlier_writes)?;
     }
     let fd = file.direct().map(|(fd, _)| fd).unwrap_or_else(|| file.any_fd());
     let work = GdsWork {

@@ -19,6 +19,7 @@ use crate::error::{panic_text, Direction, Error, Result};
 use crate::bounce::read_ahead::ReadAheadMemory;
 use crate::bounce::window::{ChunkRunner, Windowed, WindowedOp};
 use crate::op::work::{OpCompletion, OpFootprint, OpWork};
+use crate::op::checks::NO_EARLIER_WRITES;
 use crate::op::{CpuOp, Mode, OpRequest, Prepared};
 use crate::pinned::PinnedMemoryManager;
 use crate::stats::{self, OpRecord};
@@ -39,7 +40,9 @@ impl IoHandle {
             let (entry, prepared) = {
                 let turn = self.admission.enter()?;
                 self.settle_matching(|fp| fp.memory_conflicts(&memory))?;
-                let prepared = CpuOp::prepare(request, 1, self.config.aio_params(), self.manager, Mode::Blocking)?;
+                let prepared = CpuOp::prepare(request, 1, self.config.aio_params(), self.manager, Mode::Blocking, &|file, size| {
+                    self.settle_writes_growing(file, size)
+                })?;
                 let meta = match &prepared {
                     Prepared::Op(op) => op.meta(),
                     Prepared::Windowed(op) => windowed_meta(op),
@@ -102,7 +105,7 @@ impl IoHandle {
         let started = Instant::now();
         let manager = PinnedMemoryManager::shared();
         let (meta, result) =
-            match CpuOp::prepare(request, 1, config.aio_params(), manager, Mode::Blocking)? {
+            match CpuOp::prepare(request, 1, config.aio_params(), manager, Mode::Blocking, NO_EARLIER_WRITES)? {
                 Prepared::Op(mut op) => {
                     let meta = op.meta();
                     let plan = op.plan().clone();

@@ -17,6 +17,9 @@
 //!   the workers' channels in order) or, when it is driven by its calling
 //!   thread (a blocking windowed op, a calling-thread op), settled before the
 //!   new op is queued, so that no worker ever waits on a thread's run;
+//! * a read past the end of its file lets the earlier writes that grow
+//!   the file run before its extent is checked (`settle_writes_growing`,
+//!   called by `prepare` under the same turn);
 //! * a blocking call returns once every op admitted up to its own is
 //!   finished, and a `wait()` once every op admitted before it is. An op
 //!   another thread submits meanwhile is admitted later, so it takes
@@ -39,6 +42,7 @@ use super::latch::*;
 use super::admission::AdmissionTurn;
 use super::outcome::{finish_panic, Errors};
 use crate::error::{Error, Result};
+use crate::file::FileIdentity;
 use crate::op::work::{OpCompletion, OpFootprint, PreparedOp};
 
 #[cfg(any(test, feature = "test-support", feature = "python"))]
@@ -69,6 +73,22 @@ impl IoHandle {
             }
         }
         Ok(())
+    }
+
+    /// A read about to be admitted runs past the end of `file` (`size`
+    /// bytes): the writes admitted before it to that file that end past
+    /// `size` run first, so that its extent is checked against the file
+    /// they leave (the order promises a read after a write of the same
+    /// bytes sees them; stock DeepSpeed checks the size at submission only).
+    /// Called from `prepare`, with the admission turn held. Returns whether
+    /// there were any.
+    pub(super) fn settle_writes_growing(&self, file: FileIdentity, size: u64) -> Result<bool> {
+        let grows = |fp: &OpFootprint| !fp.fills_memory && fp.file.is_some_and(|(id, _, end)| id == file && end > size);
+        let any = !self.pending_matching(grows).is_empty();
+        if any {
+            self.settle_matching(grows)?;
+        }
+        Ok(any)
     }
 
     /// The ordering point: admits an op as the next in the handle's order.

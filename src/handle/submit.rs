@@ -31,9 +31,10 @@ impl IoHandle {
     /// go through cuFile; everything else through the CPU path (bouncing
     /// what cannot be used directly).
     pub(super) fn prepare(&self, request: OpRequest<'_>, mode: Mode) -> Result<HandleOp> {
+        let earlier_writes = &|file, size| self.settle_writes_growing(file, size);
         match (&self.device_route, request.buffer.location()) {
             (DeviceRoute::Gds(gds), Location::Cuda(_)) if request.buffer.is_contiguous() => {
-                crate::gds::op::prepare(&gds.driver, request, gds.parallelism, gds.block_size)
+                crate::gds::op::prepare(&gds.driver, request, gds.parallelism, gds.block_size, earlier_writes)
                     .map(HandleOp::Queued)
             }
             (DeviceRoute::GdsUnavailable(why), Location::Cuda(_)) => Err(crate::gds::unavailable(
@@ -56,6 +57,7 @@ impl IoHandle {
                         self.config.aio_params(),
                         self.manager,
                         mode,
+                        earlier_writes,
                     )? {
                         Prepared::Op(op) => HandleOp::Queued(op.into()),
                         Prepared::Windowed(op) => HandleOp::Windowed(op),

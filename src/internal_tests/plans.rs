@@ -5,6 +5,7 @@
 use crate::test_support::*;
 use crate::engine::AioParams;
 use crate::op::work::OpCompletion;
+use crate::op::checks::NO_EARLIER_WRITES;
 use crate::op::{is_direct_capable, CpuOp, Mode, Prepared};
 
 fn queued(p: Prepared) -> CpuOp {
@@ -24,7 +25,7 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
         let len = 12 * 4096 * 5;
         let buf = Pinned::new(len);
         let req = request(Direction::Read, FileTarget::Path(&path), 8192, buf.desc());
-        let op = queued(CpuOp::prepare(req, par, params, m, Mode::Async).unwrap());
+        let op = queued(CpuOp::prepare(req, par, params, m, Mode::Async, NO_EARLIER_WRITES).unwrap());
         assert!(op.is_direct(), "pinned memory goes direct");
         let plan = op.plan();
         assert_eq!(plan.slices.len(), par);
@@ -55,6 +56,7 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
         AioParams { block_size: 1000, ..params },
         m,
         Mode::Async,
+        NO_EARLIER_WRITES,
     )
     .unwrap()
     .into_op();
@@ -67,7 +69,7 @@ fn slices_are_page_aligned_inside_and_aligned_pinned_ops_go_direct() {
     // Memory misaligned differently from the file offset cannot go direct:
     // the whole slice goes buffered (never a failing O_DIRECT request).
     let req = request(Direction::Write, FileTarget::Path(&path), 1, buf.narrow(0, 10_000));
-    let op = queued(CpuOp::prepare(req, 1, params, m, Mode::Async).unwrap());
+    let op = queued(CpuOp::prepare(req, 1, params, m, Mode::Async, NO_EARLIER_WRITES).unwrap());
     let s = &op.plan().slices[0];
     assert!(s.direct.is_empty() && s.buffered.len() == 1 && s.buffered[0].len == 10_000, "{s:?}");
     drop(op);
@@ -97,7 +99,7 @@ fn plans_cover_the_op_exactly_and_direct_segments_own_whole_pages() {
         let direction = if rng.range(0, 1) == 0 { Direction::Read } else { Direction::Write };
         let params = AioParams { block_size: 4096, queue_depth: 4, single_submit: false, overlap_events: false };
         let req = request(direction, FileTarget::Path(&path), off as i64, region.narrow(skew, len));
-        let op = queued(CpuOp::prepare(req, par, params, m, Mode::Async).unwrap());
+        let op = queued(CpuOp::prepare(req, par, params, m, Mode::Async, NO_EARLIER_WRITES).unwrap());
         let plan = op.plan();
         let mut covered: Vec<(u64, u64)> = Vec::new();
         for s in &plan.slices {
@@ -157,7 +159,7 @@ fn pinned_memory_goes_direct_and_heap_memory_bounces() {
             continue;
         }
         for direction in [Direction::Read, Direction::Write] {
-            let op = queued(CpuOp::prepare(request(direction, FileTarget::Path(&path), 0, buf), 1, params, m, Mode::Async).unwrap());
+            let op = queued(CpuOp::prepare(request(direction, FileTarget::Path(&path), 0, buf), 1, params, m, Mode::Async, NO_EARLIER_WRITES).unwrap());
             assert_eq!(op.is_direct(), direct, "{what} {direction:?}");
             drop(op);
         }
@@ -165,7 +167,7 @@ fn pinned_memory_goes_direct_and_heap_memory_bounces() {
     // Non-contiguous or device memory without a copier is refused, not guessed at.
     for buf in [p.desc().contiguous(false), p.desc().located(Location::OtherDevice)] {
         let req = request(Direction::Write, FileTarget::Path(&path), 0, buf);
-        let e = CpuOp::prepare(req, 1, params, m, Mode::Async).err().unwrap();
+        let e = CpuOp::prepare(req, 1, params, m, Mode::Async, NO_EARLIER_WRITES).err().unwrap();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     }
     // A bounced write leaves the caller's memory alone; a bounced read

@@ -35,7 +35,9 @@
 //! op another thread submits while it runs takes effect after it. How:
 //! before an op is prepared, the earlier ops on its memory have had their
 //! effect there (a bounced read's bytes are copied out), and its I/O starts
-//! only after the earlier ops on its file bytes have run theirs.
+//! only after the earlier ops on its file bytes have run theirs; a read that
+//! runs past the end of the file is checked again once the earlier writes
+//! that grow the file have run, so it sees them instead of being refused.
 
 use crate::buffer::Staging;
 use crate::error::{Error, Result};

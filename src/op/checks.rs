@@ -5,20 +5,44 @@
 use std::path::PathBuf;
 
 use crate::error::{Direction, Error, Result};
-use crate::file::{FileTarget, OpenFile};
+use crate::file::{FileIdentity, FileTarget, OpenFile};
+
+/// What a read's extent check may ask of the handle that admits it: let
+/// the writes it admitted earlier to `file` that end past `size` run, so
+/// that the read is checked against the size they leave (the one order per
+/// handle: a read after a write of the same bytes sees them). Returns
+/// whether there were any.
+pub(crate) type EarlierWrites<'a> = &'a dyn Fn(FileIdentity, u64) -> Result<bool>;
+
+/// For an op no handle admits (nothing earlier to wait for).
+pub(crate) const NO_EARLIER_WRITES: EarlierWrites<'static> = &|_, _| Ok(false);
 
 /// A read must lie inside the file or block device (DeepSpeed asserted,
-/// killing the process).
-pub(crate) fn check_read_extent(file: &OpenFile, file_offset: u64, len: usize) -> Result<()> {
-    let size = file.size()?;
-    if file_offset.checked_add(len as u64).is_none_or(|end| end > size) {
-        let what = if file.is_block_device() { "device" } else { "file" };
-        return Err(Error::InvalidArgument(format!(
-            "{}: reading {len} bytes at offset {file_offset} runs past the end of the {what} ({size} bytes)",
-            file.display_path().display()
-        )));
+/// killing the process), once the earlier writes that grow the file ran.
+pub(crate) fn check_read_extent(
+    file: &OpenFile,
+    file_offset: u64,
+    len: usize,
+    earlier_writes: EarlierWrites<'_>,
+) -> Result<()> {
+    let fits = |size: u64| file_offset.checked_add(len as u64).is_some_and(|end| end <= size);
+    let mut size = file.size()?;
+    if fits(size) {
+        return Ok(());
     }
-    Ok(())
+    if let Some(identity) = file.order_identity().filter(|id| !id.block_device) {
+        if earlier_writes(identity, size)? {
+            size = file.size_now()?;
+            if fits(size) {
+                return Ok(());
+            }
+        }
+    }
+    let what = if file.is_block_device() { "device" } else { "file" };
+    Err(Error::InvalidArgument(format!(
+        "{}: reading {len} bytes at offset {file_offset} runs past the end of the {what} ({size} bytes)",
+        file.display_path().display()
+    )))
 }
 
 /// A negative file offset is refused before anything is opened.

@@ -35,7 +35,7 @@ use crate::file::{FileTarget, OpenFile};
 use crate::bounce::copy::parallel_copy;
 use crate::pinned::{page_size, PinnedMemoryManager, RegionHold};
 use caller::{bytes, bytes_mut, CallerMemory};
-use checks::{check_file_offset, check_read_extent, describe_op, report_validation};
+use checks::{check_file_offset, check_read_extent, describe_op, report_validation, EarlierWrites};
 use plan::{IoSpan, OpPlan};
 use crate::bounce::window::WindowedOp;
 use work::{OpCompletion, OpFootprint, OpMeta, PreparedOp};
@@ -158,6 +158,7 @@ impl CpuOp {
         params: AioParams,
         manager: &PinnedMemoryManager,
         mode: Mode,
+        earlier_writes: EarlierWrites<'_>,
     ) -> Result<Prepared> {
         let OpRequest { direction, target, file_offset, buffer, staging, validate } = request;
         let file_offset = check_file_offset(file_offset, &target)?;
@@ -165,7 +166,7 @@ impl CpuOp {
         let mut file = crate::stripe::open(target, direction)?;
 
         if direction == Direction::Read {
-            check_read_extent(&file, file_offset, len)?;
+            check_read_extent(&file, file_offset, len, earlier_writes)?;
         }
         let given = (buffer.ptr() as usize, len);
         let what = || describe_op(direction, len, file_offset, &file);

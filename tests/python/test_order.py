@@ -16,7 +16,10 @@ run's front end, each check in a child interpreter per engine:
   queued and windowed; after each round every byte must equal a reference
   that applied the ops in the order the handle admitted them (the sequence
   number `deepnvme._native._last_admitted_seq()` reports per thread). A fixed
-  seed and a random one (printed; DEEPNVME_MODEL_SEED replays it).
+  seed and a random one (printed; DEEPNVME_MODEL_SEED replays it);
+* a read behind a pending `async_pwrite` that grows the file (absent or
+  shorter before), by every read call, of locked and plain tensors: it
+  sees the write's bytes instead of being refused as past the end.
 """
 
 import os
@@ -243,6 +246,44 @@ for rnd in range(5):
 print("MODEL-OK", len(history), flush=True)
 """
 
+GROWING = HEAD + r"""
+# async_pwrite grows a file (absent, or shorter), then at once, with the
+# write still pending, every read call reads those bytes back: the order
+# makes the read see the write, so none may be refused as past the end.
+h = aio.aio_handle(1 << 20, 32, False, False, 1)
+n = 16 * MiB + 4096
+calls = {
+    "async_pread": lambda r, p: (h.async_pread(r, p, 0), h.wait()),
+    "sync_pread": lambda r, p: (h.sync_pread(r, p, 0), h.wait()),
+    "pread": lambda r, p: (h.pread(r, p, False, False, 0), h.wait()),
+    "read": lambda r, p: (h.read(r, p, False), h.wait()),
+}
+failures = []
+for memory in ("locked", "plain"):
+    w = h.new_cpu_locked_tensor(n, torch.empty(0, dtype=torch.uint8)) if memory == "locked" else torch.empty(n, dtype=torch.uint8)
+    for name, call in calls.items():
+        for start in ("absent", "shorter"):
+            w.fill_(0x5A + len(failures) % 7)
+            p = os.path.join(d, f"{memory}-{name}-{start}.bin")
+            if start == "shorter":
+                with open(p, "wb") as f:
+                    f.write(b"\0" * 4096)
+            assert h.async_pwrite(w, p, 0) == 0
+            r = torch.zeros(n, dtype=torch.uint8)
+            try:
+                rcs = call(r, p)
+            except Exception as e:
+                failures.append((memory, name, start, f"raised {e}"))
+                continue
+            if not torch.equal(r, w) or os.path.getsize(p) != n:
+                failures.append((memory, name, start, f"returned {rcs}, read the write's bytes: {torch.equal(r, w)}, size {os.path.getsize(p)}"))
+    if memory == "locked":
+        h.free_cpu_locked_tensor(w)
+if failures:
+    raise SystemExit(f"reads behind a pending growing write: {failures}")
+print("GROWING-OK", flush=True)
+"""
+
 
 def _child(code, args, engine, timeout=600):
     try:
@@ -287,3 +328,10 @@ def test_threads_sharing_tensors_and_files_match_the_model(aio, tmp_path, engine
         proc = _child(MODEL, (str(tmp_path / f"seed-{seed}"), str(seed)), engine)
         assert proc.returncode == 0 and "MODEL-OK" in proc.stdout, (
             f"seed {seed} (DEEPNVME_MODEL_SEED={seed}):\n" + proc.stdout[-2000:] + proc.stderr[-3000:])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_read_behind_a_pending_write_that_grows_the_file_sees_it(aio, tmp_path, engine):
+    _uring_or_skip(engine)
+    proc = _child(GROWING, (str(tmp_path), ""), engine)
+    assert proc.returncode == 0 and "GROWING-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
