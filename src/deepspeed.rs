@@ -49,7 +49,8 @@ impl TensorDesc {
     /// The buffer an op may move; a tensor without storage is refused.
     pub fn io_buffer(&self) -> Result<BufferDesc> {
         if !self.has_storage && !self.buffer.is_empty() {
-            return Err(Error::InvalidArgument("the tensor has no storage (meta or fake tensor)".into()));
+            return Err(Error::InvalidArgument("the tensor has no storage of its own to move (a meta, fake or sparse tensor; \
+                 move a sparse one as .to_dense())".into()));
         }
         Ok(self.buffer)
     }

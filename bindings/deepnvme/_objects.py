@@ -130,7 +130,8 @@ def _describe_tensor(t):
     device = t.device
     kind = device.type
     index = device.index if device.index is not None else -1
-    has_storage = kind != "meta"
+    # Sparse layouts have no one block of bytes: refused as storage-less.
+    has_storage = kind != "meta" and str(t.layout) == "torch.strided"
     nbytes = t.numel() * t.element_size()
     ptr = 0
     hold = t

@@ -23,6 +23,13 @@ ffi::TensorInfo describe_tensor(const torch::Tensor& tensor)
     info.contiguous = false;
     info.has_storage = false;
     if (!tensor.defined()) { return info; }
+    if (tensor.layout() != torch::kStrided) {
+        // Sparse and other layouts have no one block of bytes: "no storage",
+        // with their element count, so that Rust refuses them by name.
+        info.element_size = tensor.element_size();
+        info.nbytes = static_cast<size_t>(tensor.numel()) * info.element_size;
+        return info;
+    }
     try {
         info.element_size = tensor.element_size();
         info.nbytes = tensor.nbytes();

@@ -238,6 +238,22 @@ def test_meta_tensor_is_refused(handle, data_dir, capfd):
     assert rc == -1
 
 
+@pytest.mark.parametrize("method", ["sync_pread", "sync_pwrite", "async_pwrite"])
+def test_sparse_tensor_is_refused_by_name(handle, data_dir, capfd, method):
+    """A sparse tensor has no one block of bytes: -1 and a message that says
+    so (the compiled front end raised torch's copy error, naming 0 bytes)."""
+    p = data_dir / "sparse.bin"
+    p.write_bytes(b"\0" * PAGE)
+    t = torch.ones(PAGE, dtype=torch.uint8).to_sparse()
+    rc = getattr(handle, method)(t, str(p))
+    if method.startswith("async"):
+        assert rc == -1 or handle.wait() == -1
+    else:
+        assert rc == -1
+    assert "sparse" in capfd.readouterr().err
+    assert p.read_bytes() == b"\0" * PAGE
+
+
 def _arrays_of_references():
     """Buffers whose items are references to Python objects, by name."""
     import numpy as np
