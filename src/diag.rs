@@ -21,6 +21,11 @@ pub const CUFILE_ENV_PATH_JSON: &str = crate::knobs::CUFILE_ENV_PATH_JSON;
 /// The engine-per-file rule, in one line.
 pub const FILE_ENGINE_RULE: &str = crate::engine::choice::FILE_ENGINE_RULE;
 
+/// Whether `DEEPNVME_LOG` silences informational lines (as the core reads it).
+pub fn log_quiet() -> bool {
+    crate::knobs::settings().quiet
+}
+
 /// Whether io_uring works in this process, and why not when it does not.
 pub fn io_uring_status() -> std::result::Result<(), String> {
     crate::engine::io_uring_status()

@@ -191,7 +191,7 @@ pub const VARIABLES: &[EnvVar] = &[
         name: LOG_ENV,
         scope: Scope::Core,
         default: "informational lines on",
-        meaning: "`quiet` (or `0`, `off`) silences informational lines; errors always print",
+        meaning: "`quiet` (or `0`, `off`) silences informational lines, `1` (or `on`, `info`) keeps them; errors always print",
     },
     EnvVar {
         name: GDS_CPU_ONLY_ENV,
@@ -457,6 +457,21 @@ fn non_blank(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
+/// [`LOG_ENV`]: `quiet`, `0`, `off` (also `false`, `no`) silence
+/// informational lines; `1`, `on`, `info` (also `true`, `yes`) or unset keep
+/// them; any other value is recorded in `malformed` (and lines stay on).
+fn quiet_value(name: &str, value: Option<String>, malformed: &mut Vec<String>) -> bool {
+    let Some(v) = value else { return false };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "quiet" | "0" | "off" | "false" | "no" => true,
+        "1" | "on" | "info" | "true" | "yes" => false,
+        _ => {
+            malformed.push(format!("{name}={v:?} is neither quiet (0, off) nor on (1, info)"));
+            false
+        }
+    }
+}
+
 /// Parses an engine name as [`ENGINE_ENV`] takes it.
 pub(crate) fn parse_engine(value: &str) -> Option<EngineChoice> {
     match value.trim().to_ascii_lowercase().as_str() {
@@ -478,7 +493,7 @@ impl Settings {
         let m = &mut malformed;
         Settings {
             engine,
-            quiet: matches!(std::env::var(LOG_ENV).as_deref(), Ok("quiet") | Ok("0") | Ok("off")),
+            quiet: quiet_value(LOG_ENV, non_blank(LOG_ENV), m),
             gds_cpu_only: switch_from(GDS_CPU_ONLY_ENV, false, m),
             cufile_lib: non_blank(CUFILE_LIB_ENV),
             cuda_lib: non_blank(CUDA_LIB_ENV),

@@ -28,6 +28,15 @@ fn numbers_and_switches_parse_and_anything_else_is_malformed() {
     assert!(bad.is_empty(), "{bad:?}");
     assert!(switch_value("X_ON", Some("disable".into()), true, &mut bad));
     assert!(bad.len() == 1 && bad[0].contains("X_ON=\"disable\""), "{bad:?}");
+
+    let mut bad = Vec::new();
+    for (v, quiet) in [("quiet", true), (" OFF", true), ("0", true), ("1", false), ("info", false), ("on", false)] {
+        assert_eq!(quiet_value("X_LOG", Some(v.into()), &mut bad), quiet, "{v}");
+    }
+    assert!(!quiet_value("X_LOG", None, &mut bad));
+    assert!(bad.is_empty(), "{bad:?}");
+    assert!(!quiet_value("X_LOG", Some("verbose".into()), &mut bad));
+    assert!(bad.len() == 1 && bad[0].contains("X_LOG=\"verbose\""), "{bad:?}");
 }
 
 #[test]

@@ -348,7 +348,8 @@ def test_an_op_on_a_fifo_with_no_peer_fails_at_once(data_dir):
     assert err.count(fifo) >= 10 and "fifo" in err and "errno 29" in err, err
 
 
-@pytest.mark.parametrize("variable, value", [("DEEPNVME_BOUNCE_MAX_MB", "64MB"), ("DEEPNVME_HUGE_PAGES", "disable")])
+@pytest.mark.parametrize("variable, value", [("DEEPNVME_BOUNCE_MAX_MB", "64MB"), ("DEEPNVME_HUGE_PAGES", "disable"),
+                                              ("DEEPNVME_LOG", "verbose")])
 def test_a_malformed_knob_refuses_the_handle_naming_it(variable, value):
     """A knob whose value cannot be read is not silently replaced by its
     default: creating a handle raises naming the variable and the value."""

@@ -9,7 +9,7 @@ use crate::args::fmt_size;
 /// An informational line on stderr, as the core's own (`deepnvme: ...`);
 /// `DEEPNVME_LOG=quiet` (or `0`, `off`) silences it, as it does the core's.
 pub fn info(msg: &str) {
-    if !matches!(std::env::var("DEEPNVME_LOG").as_deref(), Ok("quiet") | Ok("0") | Ok("off")) {
+    if !deepnvme::diag::log_quiet() {
         eprintln!("deepnvme: {msg}");
     }
 }
