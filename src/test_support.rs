@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::{BufferDesc, Direction, EngineKind, FileTarget, HandleConfig, IoHandle, PinnedMemoryManager};
 
+pub mod zram;
+
 /// The sequence number the handle gave the op this thread had admitted last
 /// (on any handle; 0 before the first): the order the model tests apply ops in.
 pub fn last_admitted_seq() -> u64 {

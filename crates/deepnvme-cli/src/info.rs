@@ -59,6 +59,9 @@ struct InfoReport {
     dio_memory_align: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     dio_align_reported_by_statx: Option<bool>,
+    /// What statx said, where the core raised it (zram).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dio_memory_align_statx: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     o_direct_error: Option<String>,
     /// null when unlimited.
@@ -71,8 +74,9 @@ struct InfoReport {
 
 /// What probing a directory's file system found.
 pub(crate) enum Dio {
-    /// O_DIRECT works; alignment and whether statx reported it.
-    Aligned { offset: usize, memory: usize, reported: bool },
+    /// O_DIRECT works; the alignment the core uses, and the memory
+    /// alignment statx reported (None: not reported, 4096 assumed).
+    Aligned { offset: usize, memory: usize, statx_memory: Option<usize> },
     /// The file system refuses O_DIRECT (EINVAL): ops go buffered.
     Unsupported,
     /// The probe itself failed (directory not writable, ...).
@@ -89,7 +93,7 @@ pub(crate) fn probe_dio(dir: &Path) -> Dio {
         .open(&path);
     let result = match opened {
         Ok(f) => match core_api::dio_alignment(f.as_raw_fd()) {
-            Some(a) => Dio::Aligned { offset: a.offset, memory: a.memory, reported: statx_reports_dio(f.as_raw_fd()) },
+            Some(a) => Dio::Aligned { offset: a.offset, memory: a.memory, statx_memory: statx_dio_memory(f.as_raw_fd()) },
             None => Dio::Unsupported,
         },
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Dio::Unsupported,
@@ -106,9 +110,21 @@ fn dir_engine(dir: &Path) -> Option<(String, Option<&'static str>)> {
     core_api::engine_for_file(d.as_raw_fd()).ok().map(|(k, fs)| (k.name().to_string(), fs))
 }
 
-/// Whether the kernel answers STATX_DIOALIGN for `fd` (else the core
-/// assumes a conservative 4096).
-fn statx_reports_dio(fd: i32) -> bool {
+/// Where the alignment the core uses came from, for a finding or a line.
+pub(crate) fn dio_alignment_source(memory: usize, statx_memory: Option<usize>) -> String {
+    match statx_memory {
+        None => "not reported by the kernel; the core assumes 4096".into(),
+        Some(m) if m < memory => format!(
+            "statx STATX_DIOALIGN says memory of {m} B; raised to the page because the device (zram) moves \
+             memory that is not page-aligned wrongly"
+        ),
+        Some(_) => "statx STATX_DIOALIGN".into(),
+    }
+}
+
+/// The memory alignment the kernel answers STATX_DIOALIGN with for `fd`
+/// (None when it does not: the core then assumes a conservative 4096).
+fn statx_dio_memory(fd: i32) -> Option<usize> {
     // SAFETY: statx fills a zeroed struct; AT_EMPTY_PATH refers to `fd`.
     // A raw system call: glibc's statx wrapper (2.28) would raise the
     // wheel's glibc floor above manylinux2014's 2.17.
@@ -122,7 +138,7 @@ fn statx_reports_dio(fd: i32) -> bool {
             libc::STATX_DIOALIGN,
             &mut stx as *mut libc::statx,
         );
-        rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0
+        (rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0).then_some(stx.stx_dio_mem_align as usize)
     }
 }
 
@@ -186,6 +202,7 @@ pub fn main(args: InfoArgs) -> Result<(), CliError> {
             dio_offset_align: None,
             dio_memory_align: None,
             dio_align_reported_by_statx: None,
+            dio_memory_align_statx: None,
             o_direct_error: None,
             memlock_soft_bytes: limit(soft),
             memlock_hard_bytes: limit(hard),
@@ -194,11 +211,12 @@ pub fn main(args: InfoArgs) -> Result<(), CliError> {
             cpus,
         };
         match &dio {
-            Dio::Aligned { offset, memory, reported } => {
+            Dio::Aligned { offset, memory, statx_memory } => {
                 report.o_direct = Some(true);
                 report.dio_offset_align = Some(*offset);
                 report.dio_memory_align = Some(*memory);
-                report.dio_align_reported_by_statx = Some(*reported);
+                report.dio_align_reported_by_statx = Some(statx_memory.is_some());
+                report.dio_memory_align_statx = statx_memory.filter(|m| m < memory);
             }
             Dio::Unsupported => report.o_direct = Some(false),
             Dio::Unknown(why) => report.o_direct_error = Some(why.clone()),
@@ -224,9 +242,9 @@ pub fn main(args: InfoArgs) -> Result<(), CliError> {
         None => println!("  engine:        unknown"),
     }
     match dio {
-        Dio::Aligned { offset, memory, reported } => println!(
+        Dio::Aligned { offset, memory, statx_memory } => println!(
             "  O_DIRECT:      yes; file offsets/lengths in multiples of {offset} B, memory of {memory} B ({})",
-            if reported { "statx STATX_DIOALIGN" } else { "not reported by the kernel; 4096 assumed" }
+            dio_alignment_source(memory, statx_memory)
         ),
         Dio::Unsupported => println!("  O_DIRECT:      not supported by this file system (transfers go buffered)"),
         Dio::Unknown(why) => println!("  O_DIRECT:      unknown ({why})"),

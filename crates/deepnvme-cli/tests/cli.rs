@@ -120,6 +120,31 @@ fn info_json_has_the_expected_keys() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
 }
 
+/// zram says its O_DIRECT memory alignment is 512 B, but the core raises it
+/// to the page there (`src/file/device_quirks.rs`): `info` reports what the
+/// core uses and says where it came from, statx's number beside it.
+#[test]
+fn info_on_zram_reports_the_raised_memory_alignment_and_why() {
+    let Some(mut zram) = deepnvme::test_support::zram::Zram::for_test("cli-info-zram") else { return };
+    let Some(mnt) = zram.mount_ext4() else { return };
+    let dir = TempDir::new("info-zram");
+    let j = json_of(&dir.0, &["info", "--json", "--dir", mnt.to_str().unwrap()]);
+    assert_eq!(j["o_direct"], true, "{j}");
+    let page = j["page_size"].as_u64().unwrap();
+    assert_eq!(j["dio_memory_align"].as_u64(), Some(page), "{j}");
+    let statx = j["dio_memory_align_statx"].as_u64().expect("statx's smaller number beside the raised one");
+    assert!(statx < page, "{j}");
+    let o = run_in(&dir.0, &["info", "--dir", mnt.to_str().unwrap()]);
+    let text = stdout(&o);
+    assert!(
+        text.contains(&format!("memory of {page} B")) && text.contains(&format!("says memory of {statx} B")) && text.contains("zram"),
+        "{text}"
+    );
+    // On the target dir's own file system the core keeps statx's number.
+    let j = json_of(&dir.0, &["info", "--json", "--dir", dir.0.to_str().unwrap()]);
+    assert!(j.get("dio_memory_align_statx").is_none(), "{j}");
+}
+
 #[test]
 fn bench_json_reports_both_directions() {
     for engine in ["uring", "psync"] {

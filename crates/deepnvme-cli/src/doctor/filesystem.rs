@@ -388,10 +388,9 @@ pub fn check_target(ctx: &Context, t: &Target) -> Vec<Finding> {
             .fix(format!("use a file system with O_DIRECT (ext4, xfs) for {where_}")),
     });
 
-    if let Dio::Aligned { offset, memory, reported } = dio {
+    if let Dio::Aligned { offset, memory, statx_memory } = dio {
         let aio = ctx.aio();
-        let source =
-            if reported { "statx STATX_DIOALIGN" } else { "not reported by the kernel; the core assumes 4096" };
+        let source = crate::info::dio_alignment_source(memory, statx_memory);
         let summary = format!("file offsets and lengths in multiples of {offset} B, memory of {memory} B ({source})");
         let f = if aio.block_size % offset != 0 {
             Finding::warn(SECTION, "alignment", summary)
