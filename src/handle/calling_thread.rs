@@ -40,8 +40,8 @@ impl IoHandle {
             let (entry, prepared) = {
                 let turn = self.admission.enter()?;
                 self.settle_matching(|fp| fp.memory_conflicts(&memory))?;
-                let prepared = CpuOp::prepare(request, 1, self.config.aio_params(), self.manager, Mode::Blocking, &|file, size| {
-                    self.settle_writes_growing(file, size)
+                let prepared = CpuOp::prepare(request, 1, self.config.aio_params(), self.manager, Mode::Blocking, &|file, end| {
+                    self.settle_writes_growing(file, end)
                 })?;
                 let meta = match &prepared {
                     Prepared::Op(op) => op.meta(),

@@ -75,20 +75,17 @@ impl IoHandle {
         Ok(())
     }
 
-    /// A read about to be admitted runs past the end of `file` (`size`
-    /// bytes): the writes admitted before it to that file that end past
-    /// `size` run first, so that its extent is checked against the file
-    /// they leave (the order promises a read after a write of the same
-    /// bytes sees them; stock DeepSpeed checks the size at submission only).
-    /// Called from `prepare`, with the admission turn held. Returns whether
-    /// there were any.
-    pub(super) fn settle_writes_growing(&self, file: FileIdentity, size: u64) -> Result<bool> {
-        let grows = |fp: &OpFootprint| !fp.fills_memory && fp.file.is_some_and(|(id, _, end)| id == file && end > size);
-        let any = !self.pending_matching(grows).is_empty();
-        if any {
-            self.settle_matching(grows)?;
-        }
-        Ok(any)
+    /// A read about to be admitted runs past the end of `file`, to `end`:
+    /// the writes admitted before it to that file that reach `end` run
+    /// first, so that its extent is checked against the file they leave
+    /// (the order promises a read after a write of the same bytes sees
+    /// them; stock DeepSpeed checks the size at submission only). Writes
+    /// that end before `end` cannot make it fit; where they share bytes
+    /// with it, the read's slices wait for them (`after`). Called from
+    /// `prepare`, with the admission turn held (as memory conflicts are
+    /// settled: other submissions on the handle wait meanwhile).
+    pub(super) fn settle_writes_growing(&self, file: FileIdentity, end: u64) -> Result<()> {
+        self.settle_matching(|fp| !fp.fills_memory && fp.file.is_some_and(|(id, _, e)| id == file && e >= end))
     }
 
     /// The ordering point: admits an op as the next in the handle's order.

@@ -31,7 +31,7 @@ impl IoHandle {
     /// go through cuFile; everything else through the CPU path (bouncing
     /// what cannot be used directly).
     pub(super) fn prepare(&self, request: OpRequest<'_>, mode: Mode) -> Result<HandleOp> {
-        let earlier_writes = &|file, size| self.settle_writes_growing(file, size);
+        let earlier_writes = &|file, end| self.settle_writes_growing(file, end);
         match (&self.device_route, request.buffer.location()) {
             (DeviceRoute::Gds(gds), Location::Cuda(_)) if request.buffer.is_contiguous() => {
                 crate::gds::op::prepare(&gds.driver, request, gds.parallelism, gds.block_size, earlier_writes)

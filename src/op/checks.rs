@@ -8,14 +8,14 @@ use crate::error::{Direction, Error, Result};
 use crate::file::{FileIdentity, FileTarget, OpenFile};
 
 /// What a read's extent check may ask of the handle that admits it: let
-/// the writes it admitted earlier to `file` that end past `size` run, so
-/// that the read is checked against the size they leave (the one order per
-/// handle: a read after a write of the same bytes sees them). Returns
-/// whether there were any.
-pub(crate) type EarlierWrites<'a> = &'a dyn Fn(FileIdentity, u64) -> Result<bool>;
+/// the writes it admitted earlier to `file` that reach the read's end
+/// (`end`) run, so that the read is checked against the size they leave
+/// (the one order per handle: a read after a write of the same bytes sees
+/// them).
+pub(crate) type EarlierWrites<'a> = &'a dyn Fn(FileIdentity, u64) -> Result<()>;
 
 /// For an op no handle admits (nothing earlier to wait for).
-pub(crate) const NO_EARLIER_WRITES: EarlierWrites<'static> = &|_, _| Ok(false);
+pub(crate) const NO_EARLIER_WRITES: EarlierWrites<'static> = &|_, _| Ok(());
 
 /// A read must lie inside the file or block device (DeepSpeed asserted,
 /// killing the process), once the earlier writes that grow the file ran.
@@ -25,17 +25,19 @@ pub(crate) fn check_read_extent(
     len: usize,
     earlier_writes: EarlierWrites<'_>,
 ) -> Result<()> {
-    let fits = |size: u64| file_offset.checked_add(len as u64).is_some_and(|end| end <= size);
+    let end = file_offset.checked_add(len as u64);
+    let fits = |size: u64| end.is_some_and(|end| end <= size);
     let mut size = file.size()?;
     if fits(size) {
         return Ok(());
     }
-    if let Some(identity) = file.order_identity().filter(|id| !id.block_device) {
-        if earlier_writes(identity, size)? {
-            size = file.size_now()?;
-            if fits(size) {
-                return Ok(());
-            }
+    if let (Some(identity), Some(end)) = (file.order_identity().filter(|id| !id.block_device), end) {
+        earlier_writes(identity, end)?;
+        // Asked again even when nothing was pending: a write may have
+        // finished, and been retired, since the file was opened.
+        size = file.size_now()?;
+        if fits(size) {
+            return Ok(());
         }
     }
     let what = if file.is_block_device() { "device" } else { "file" };
