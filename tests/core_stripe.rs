@@ -19,7 +19,8 @@
 //! * what DeepSpeed does to swap folders: rmtree, makedirs, rewrite with the
 //!   same names (old member bytes emptied), os.path.getsize.
 //! * FastPersist's unaligned tail appended by plain `write(2)`: read back
-//!   through the handle, and kept when the file is striped further.
+//!   through the handle, and kept when the file is striped further; a file
+//!   saved twice that way on members with 4 KiB logical blocks (4Kn).
 //! * members that disagree: marker missing (drive not mounted), member file
 //!   truncated, set made again over files: clear errors naming the member.
 //! * a member failing mid-op (its file made immutable, or its ext4 forced
@@ -70,7 +71,9 @@ fn sh(cmd: &str, args: &[&str]) -> Result<String, String> {
 
 impl Device {
     /// `Ok(Err(why))`: this machine cannot make one (not root, no loop, no mkfs.ext4).
-    fn make(mount: PathBuf, image: PathBuf, size: u64) -> Result<Result<Device, String>, String> {
+    /// `sector`: the loop device's logical block size (4096: a 4Kn drive,
+    /// whose O_DIRECT offsets and lengths are 4 KiB multiples).
+    fn make(mount: PathBuf, image: PathBuf, size: u64, sector: u32) -> Result<Result<Device, String>, String> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Ok(Err("not root (losetup, mkfs and mount need it)".into()));
@@ -84,7 +87,10 @@ impl Device {
             }
         }
         File::create(&image).and_then(|f| f.set_len(size)).map_err(|e| format!("{}: {e}", image.display()))?;
-        let dev = sh("losetup", &["--find", "--show", "--direct-io=on", image.to_str().unwrap()])?.trim().to_string();
+        let sector = sector.to_string();
+        let dev = sh("losetup", &["--find", "--show", "--direct-io=on", "--sector-size", &sector, image.to_str().unwrap()])?
+            .trim()
+            .to_string();
         let d = Device { dev, mount };
         sh("mkfs.ext4", &["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard", &d.dev])?;
         fs::create_dir_all(&d.mount).map_err(|e| e.to_string())?;
@@ -121,13 +127,18 @@ impl Bed {
     /// A set of `n` members with stripe unit `unit`, on loop devices when
     /// possible (`want_devices`), else on folders of the checkout's disk.
     fn new(tag: &str, n: usize, unit: usize, want_devices: bool) -> Bed {
+        Bed::on_sectors(tag, n, unit, want_devices, 512)
+    }
+
+    /// As `new`, the devices with logical blocks of `sector` bytes.
+    fn on_sectors(tag: &str, n: usize, unit: usize, want_devices: bool, sector: u32) -> Bed {
         let dir = TempDir::new(tag);
         let mut devices = Vec::new();
         let mut kind = "folders on the checkout's file system".to_string();
         if want_devices {
             let _g = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
             for i in 0..n {
-                match Device::make(dir.path().join(format!("dev{i}")), dir.path().join(format!("disk{i}.img")), 512 << 20) {
+                match Device::make(dir.path().join(format!("dev{i}")), dir.path().join(format!("disk{i}.img")), 512 << 20, sector) {
                     Ok(Ok(z)) => devices.push(z),
                     Ok(Err(why)) => {
                         skip(&format!("{tag}: stripe members on real devices not tested: {why}; using folders"));
@@ -452,6 +463,50 @@ fn an_unaligned_tail_appended_by_another_program_reads_back() {
     assert_bytes_eq(&bed.logical("ckpt/model.pt"), &want, "after striping past the tail");
     let info = stripe::FileInfo::read(&path).unwrap().unwrap();
     assert_eq!(info.extent as usize, want.len());
+}
+
+/// FastPersist saving one file twice (its writer opens without O_TRUNC): an
+/// O_DIRECT write of a 3584-byte body, then the unaligned tail appended by
+/// plain `write(2)`, twice. On members with 4 KiB logical blocks (a 4Kn
+/// drive) the second save left the striped extent (3584) inside the first
+/// 4 KiB of a file now longer than that, so a read across it sent its last
+/// member piece, 3584 bytes, with O_DIRECT: EINVAL, and the file could not
+/// be read at all.
+#[test]
+fn a_file_saved_twice_as_fastpersist_does_reads_back_on_4k_sector_members() {
+    let bed = Bed::on_sectors("stripe-resave", 2, 64 * KIB, true, 4096);
+    if bed.devices.is_empty() {
+        return; // said why above: the case needs 4 KiB-sector members
+    }
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let path = bed.file("model.pt");
+    let mut want = Vec::new();
+    for engine in engines() {
+        let h = common::handle_with(engine, 1 << 20, 8, false, true, 1);
+        for pass in 0..2u64 {
+            let body = pattern(10 + pass, 3584);
+            let tail = pattern(20 + pass, 293);
+            let f = fs::OpenOptions::new().write(true).create(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
+            let buf = locked_with(&body);
+            // SAFETY: the locked buffer lives until after the wait below.
+            let desc = unsafe { deepnvme::BufferDesc::from_raw_parts(buf.as_ptr(), body.len()) };
+            ds::pwrite(&h, desc, FileTarget::Fd(f.as_raw_fd()), 0, true).unwrap();
+            h.wait().unwrap_or_else(|e| panic!("{engine:?} pass {pass}: the body's write: {e}"));
+            drop(f);
+            fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(&tail).unwrap();
+            if want.len() < body.len() {
+                want.resize(body.len(), 0);
+            }
+            want[..body.len()].copy_from_slice(&body);
+            want.extend_from_slice(&tail);
+            let mut back = vec![0u8; want.len()];
+            h.read_into(&mut back, FileTarget::Path(&path), 0)
+                .unwrap_or_else(|e| panic!("{engine:?} pass {pass} on {}: reading the file back: {e}", bed.kind));
+            assert_bytes_eq(&back, &want, &format!("{engine:?} pass {pass}: the file through the handle"));
+            assert_bytes_eq(&bed.logical("model.pt"), &want, &format!("{engine:?} pass {pass}: the file"));
+        }
+    }
 }
 
 // ------------------------------------------------------ members disagree --

@@ -104,10 +104,13 @@ pub(crate) fn plan_striped(
     let Some(s) = file.companion::<StripedFile>() else { unreachable!("plan_striped on a plain file") };
     let (dio, extent) = (s.dio, s.extent);
     let logical_slices = plan_slices(file_offset, io_ptr, len, parallelism, dio.map(|a| (DIRECT_TAG, a)), BUFFERED_FD_PLACEHOLDER);
-    let member_buffered = logical_slices
-        .iter()
-        .flat_map(|s| s.buffered.iter())
-        .any(|g| g.file_offset < extent);
+    // The extent need not be aligned (a write of 3584 bytes, then a
+    // plain append: FastPersist's tail): a direct read across it moves its
+    // last member piece, up to the extent, buffered.
+    let align = dio.map_or(1, |a| a.offset as u64);
+    let cuts_unaligned = |g: &Segment| g.file_offset < extent && extent < g.file_offset + g.len as u64 && extent % align != 0;
+    let member_buffered = logical_slices.iter().flat_map(|s| s.buffered.iter()).any(|g| g.file_offset < extent)
+        || logical_slices.iter().flat_map(|s| s.direct.iter()).any(cuts_unaligned);
     let tail_fd = if end > extent { Some(file.buffered_fd()?) } else { None };
     if member_buffered {
         if let Some(s) = file.companion_mut::<StripedFile>() {
@@ -135,7 +138,18 @@ pub(crate) fn plan_striped(
                     addr: seg.addr.wrapping_add((run.logical - start) as usize),
                     len: run.len as usize,
                 };
-                push(if direct { &mut plan.direct } else { &mut plan.buffered }, piece);
+                let unaligned_tail = if direct && run.logical + run.len == extent { run.len % align } else { 0 };
+                if unaligned_tail == 0 {
+                    push(if direct { &mut plan.direct } else { &mut plan.buffered }, piece);
+                    continue;
+                }
+                let head = (run.len - unaligned_tail) as usize;
+                if head > 0 {
+                    push(&mut plan.direct, Segment { len: head, ..piece });
+                }
+                let buffered = m.buffered_fd.expect("the member's buffered descriptor was opened above");
+                let tail = Segment { fd: buffered, file_offset: piece.file_offset + head as u64, addr: piece.addr.wrapping_add(head), len: unaligned_tail as usize };
+                push(&mut plan.buffered, tail);
             }
             if stop > extent {
                 let from = start.max(extent);
