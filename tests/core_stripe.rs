@@ -509,6 +509,42 @@ fn a_file_saved_twice_as_fastpersist_does_reads_back_on_4k_sector_members() {
     }
 }
 
+// ------------------------------------------------------ stripe create --
+
+/// `stripe create` refuses every layout in which two sets, or a set and
+/// its members, would share file names: each case is one set already made
+/// over `m0`, `m1` at `set1`, then a second create that must fail naming why.
+#[test]
+fn stripe_create_refuses_folders_that_would_share_files() {
+    let dir = TempDir::new("stripe-create");
+    let p = |rel: &str| dir.path().join(rel);
+    for d in ["set1", "m0", "m1", "set2", "m2", "full"] {
+        fs::create_dir_all(p(d)).unwrap();
+    }
+    fs::write(p("full/x"), b"x").unwrap();
+    let opts = CreateOptions { unit: 64 * KIB as u64 };
+    stripe::Manifest::create(&p("set1"), &[p("m0"), p("m1")], &opts).expect("the first set");
+    fs::create_dir_all(p("m0/job2")).unwrap();
+    fs::create_dir_all(p("set1/inner")).unwrap();
+    fs::create_dir_all(p("m1/nvme")).unwrap();
+    let cases: [(&str, &str, &[&str], &str); 7] = [
+        ("a set inside a set", "set1/inner", &["m2"], "sets cannot nest"),
+        ("a member inside a set's folder", "set2", &["set1/inner"], "is inside the stripe set"),
+        ("a member inside another set's member", "set2", &["m0/job2", "m2"], "a member folder of another stripe set"),
+        ("a set inside another set's member", "m1/nvme", &["m2"], "a member folder of another stripe set"),
+        ("a member that is another set's member", "set2", &["m0"], "is already member 0"),
+        ("one folder twice", "set2", &["m2", "m2"], "must be distinct"),
+        ("a member that holds files", "set2", &["full"], "is not empty"),
+    ];
+    for (what, root, members, want) in cases {
+        let members: Vec<PathBuf> = members.iter().map(|m| p(m)).collect();
+        let e = stripe::Manifest::create(&p(root), &members, &opts).expect_err(what);
+        assert!(e.contains(want), "{what}: {e}");
+        assert!(!p(root).join(".deepnvme-stripe").exists() || root == "set1", "{what}: a manifest was written");
+    }
+    stripe::Manifest::create(&p("set2"), &[p("m2")], &opts).expect("a set beside the first");
+}
+
 // ------------------------------------------------------ members disagree --
 
 fn expect_err(r: deepnvme::Result<impl std::fmt::Debug>, wants: &[&str], what: &str) -> String {

@@ -54,6 +54,11 @@ fn probe_xattrs(dir: &Path) -> io::Result<()> {
     result
 }
 
+/// The member folder of some stripe set that `dir` is, or is inside.
+fn member_folder_holding(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors().find(|d| d.join(MARKER_NAME).exists()).map(Path::to_path_buf)
+}
+
 /// [`Manifest::create`].
 fn create(nvme_path: &Path, members: &[PathBuf], options: &CreateOptions) -> Result<Manifest, String> {
     check_unit(options.unit)?;
@@ -71,6 +76,13 @@ fn create(nvme_path: &Path, members: &[PathBuf], options: &CreateOptions) -> Res
     if let Some(outer) = root.parent().and_then(manifest::find_root) {
         return Err(format!("{} is inside the stripe set {}: sets cannot nest", root.display(), outer.display()));
     }
+    if let Some(member) = member_folder_holding(&root) {
+        return Err(format!(
+            "{} is inside {}, a member folder of another stripe set: its files would share names with that set's",
+            root.display(),
+            member.display()
+        ));
+    }
     probe_xattrs(&root).map_err(|e| {
         format!(
             "{}: its file system does not keep user extended attributes ({e}), which mark striped files; \
@@ -86,6 +98,21 @@ fn create(nvme_path: &Path, members: &[PathBuf], options: &CreateOptions) -> Res
                 "member folder {} and the striped folder {} must not contain one another",
                 real.display(),
                 root.display()
+            ));
+        }
+        if let Some(set) = manifest::find_root(&real) {
+            return Err(format!(
+                "member folder {} is inside the stripe set {}: that set would stripe its member files",
+                real.display(),
+                set.display()
+            ));
+        }
+        if let Some(member) = real.parent().and_then(member_folder_holding) {
+            return Err(format!(
+                "member folder {} is inside {}, a member folder of another stripe set: the two sets' member files \
+                 would share names",
+                real.display(),
+                member.display()
             ));
         }
         if let Some(other) = dirs.iter().find(|d: &&PathBuf| real.starts_with(d) || d.starts_with(&real)) {
