@@ -509,6 +509,33 @@ fn a_file_saved_twice_as_fastpersist_does_reads_back_on_4k_sector_members() {
     }
 }
 
+/// Another program truncates a striped file (`os.truncate`), deepnvme's
+/// next op sees it, then the file grows again (a preallocating truncate):
+/// the bytes past the truncation read as zeros, as on any file, not as the
+/// old member bytes, and the members are cut to the truncated size.
+#[test]
+fn a_truncation_by_another_program_stays_when_the_file_grows_again() {
+    let bed = Bed::new("stripe-truncate", 2, 64 * KIB, false);
+    let h = common::handle_with(engines()[0], 256 * KIB, 8, false, true, 1);
+    let path = bed.file("x.swp");
+    let data = pattern(31, 6 * MIB);
+    h_write(&bed, "x.swp", &data);
+    File::options().write(true).open(&path).unwrap().set_len((3 * MIB) as u64).unwrap();
+    let mut peek = vec![0u8; 4096];
+    h.read_into(&mut peek, FileTarget::Path(&path), 0).unwrap();
+    assert_eq!(stripe::FileInfo::read(&path).unwrap().unwrap().extent, (3 * MIB) as u64, "the mark's extent");
+    for (i, m) in bed.members.iter().enumerate() {
+        let len = fs::metadata(m.join("x.swp")).unwrap().len();
+        assert!(len <= (3 * MIB / 2) as u64, "member {i} kept {len} bytes past the truncation");
+    }
+    File::options().write(true).open(&path).unwrap().set_len((5 * MIB) as u64).unwrap();
+    let mut back = vec![7u8; 5 * MIB];
+    h.read_into(&mut back, FileTarget::Path(&path), 0).unwrap();
+    let mut want = data[..3 * MIB].to_vec();
+    want.resize(5 * MIB, 0);
+    assert_bytes_eq(&back, &want, "the file grown again after a truncation");
+}
+
 // ------------------------------------------------------ stripe create --
 
 /// `stripe create` refuses every layout in which two sets, or a set and

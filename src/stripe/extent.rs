@@ -5,13 +5,90 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::Result;
+use crate::file::open_raw;
 
 use super::file::{err, fd_size, other, truncate, StripedFile};
 use super::layout::Layout;
+use super::manifest::Manifest;
 use super::mark::{self, Locked, Mark};
+
+/// A placeholder another program truncated below its striped extent: the
+/// bytes past its new end are gone, so they are cut from the member files
+/// and the mark records the new extent, so that they cannot come back when
+/// the file grows again. The caller holds the placeholder's lock. Returns
+/// the extent now.
+fn cut_to_truncated_size(placeholder: RawFd, manifest: &Manifest, mark: &Mark, size: u64, logical: &Path) -> Result<u64> {
+    let layout = manifest.layout();
+    for (i, dir) in manifest.members.iter().enumerate() {
+        let path = dir.join(&mark.relpath);
+        let keep = layout.member_size(i, size);
+        let fd = match open_raw(&path, libc::O_WRONLY, 0) {
+            Ok(fd) => fd,
+            // Nothing of it to cut.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) => return Err(err(&path, "opening stripe member to cut it to its truncated size", e)),
+        };
+        let cut = match fd_size(fd) {
+            Ok(now) if now > keep => truncate(fd, keep),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        };
+        // SAFETY: closes the descriptor opened above.
+        unsafe { libc::close(fd) };
+        cut.map_err(|e| err(&path, "cutting stripe member to its file's truncated size", e))?;
+    }
+    let mark = Mark { extent: size, ..mark.clone() };
+    mark::write(placeholder, &mark).map_err(|e| err(logical, "marking stripe placeholder", e))?;
+    Ok(size)
+}
+
+/// The striped extent of a placeholder about to be used by an op whose
+/// mark says `mark`: a truncation by another program (its size below the
+/// mark's extent) is made permanent first (`cut_to_truncated_size`, under
+/// the placeholder's lock). Where that cannot be done (no write permission,
+/// a read-only member), the op still uses the truncated size.
+pub(super) fn settle_truncation(placeholder: RawFd, manifest: &Manifest, mark: &Mark, size: u64, logical: &Path) -> Result<u64> {
+    if size >= mark.extent {
+        return Ok(mark.extent);
+    }
+    let cut = (|| {
+        let _lock = Locked::take(placeholder).map_err(|e| err(logical, "locking stripe placeholder", e))?;
+        let now = mark::read(placeholder).ok().flatten().filter(|m| m.id == mark.id);
+        let size = fd_size(placeholder).map_err(|e| err(logical, "fstat of", e))?;
+        match now {
+            Some(now) if size < now.extent => cut_to_truncated_size(placeholder, manifest, &now, size, logical),
+            Some(now) => Ok(now.extent),
+            None => Ok(size),
+        }
+    })();
+    Ok(match cut {
+        Ok(extent) => {
+            crate::rt::log::info(&format!(
+                "{} was truncated to {size} bytes by another program after {} of its bytes were striped; \
+                 its striped bytes past that were cut from its members",
+                logical.display(),
+                mark.extent
+            ));
+            extent
+        }
+        Err(e) => {
+            crate::rt::log::info_once(
+                &format!("stripe-truncated-{}", logical.display()),
+                &format!(
+                    "{} was truncated to {size} bytes by another program after {} of its bytes were striped; \
+                     its striped bytes past that are dropped for this process (cutting them from the members \
+                     failed: {e})",
+                    logical.display(),
+                    mark.extent
+                ),
+            );
+            size.min(mark.extent)
+        }
+    })
+}
 
 impl StripedFile {
     /// Makes logical bytes `[offset, offset + len)` part of the striped
@@ -37,17 +114,8 @@ impl StripedFile {
         let size = fd_size(placeholder).map_err(|e| err(&logical, "fstat of", e))?;
         let mut extent = mark.extent;
         if size < extent {
-            // Truncated by another program: the bytes past its new end are
-            // gone, so their old member bytes must not come back as the file
-            // grows again.
-            for (i, m) in self.members.iter().enumerate() {
-                let fd = m.direct_fd.or(m.buffered_fd).unwrap_or(-1);
-                let keep = self.layout.member_size(i, size);
-                if fd_size(fd).map_err(|e| err(&m.path, "fstat of", e))? > keep {
-                    truncate(fd, keep).map_err(|e| err(&m.path, "truncating stripe member", e))?;
-                }
-            }
-            extent = size;
+            // Truncated by another program since the op opened it.
+            extent = cut_to_truncated_size(placeholder, &self.manifest, &mark, size, &logical)?;
         }
         if end <= extent {
             self.extent = extent;

@@ -281,20 +281,7 @@ fn open_marked(file: &OpenFile, direction: Direction, mark: Mark) -> Result<Stri
         return Err(err(&real, "checking stripe set of", other(why)));
     }
     let size = file.size()?;
-    let extent = if size < mark.extent {
-        crate::rt::log::info_once(
-            &format!("stripe-truncated-{}", real.display()),
-            &format!(
-                "{} was truncated to {size} bytes by another program after {} of its bytes were striped; \
-                 its striped bytes past that are dropped",
-                real.display(),
-                mark.extent
-            ),
-        );
-        size
-    } else {
-        mark.extent
-    };
+    let extent = super::extent::settle_truncation(fd, &manifest, &mark, size, &real)?;
     let access = match direction {
         Direction::Read => libc::O_RDONLY,
         Direction::Write => libc::O_WRONLY,
