@@ -536,6 +536,56 @@ fn a_truncation_by_another_program_stays_when_the_file_grows_again() {
     assert_bytes_eq(&back, &want, "the file grown again after a truncation");
 }
 
+/// Copies `from`'s extended attribute `name` onto `to` (what `cp -a`,
+/// `shutil.copy2` and `rsync -X` do).
+fn copy_xattr(from: &Path, to: &Path, name: &str) {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let (f, t) = (CString::new(from.as_os_str().as_bytes()).unwrap(), CString::new(to.as_os_str().as_bytes()).unwrap());
+    let n = CString::new(name).unwrap();
+    let mut buf = [0u8; 4096];
+    // SAFETY: getxattr writes at most buf.len() bytes; setxattr reads the `len` it was given.
+    unsafe {
+        let len = libc::getxattr(f.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+        assert!(len > 0, "{}: no {name}", from.display());
+        assert_eq!(libc::setxattr(t.as_ptr(), n.as_ptr(), buf.as_ptr().cast(), len as usize, 0), 0);
+    }
+}
+
+/// A placeholder copied with its attributes shares the original's member
+/// files; a placeholder renamed, then replaced by a new file of its old
+/// name, has had its member files taken over. Each used to move the other
+/// file's bytes without a word (a write to the copy overwrote the
+/// original); now the copy, and the renamed file, refuse with an error
+/// naming what happened, and the original keeps its bytes.
+#[test]
+fn a_copied_or_taken_over_placeholder_refuses_instead_of_sharing_bytes() {
+    let bed = Bed::new("stripe-owner", 2, 64 * KIB, false);
+    let h = common::handle_with(engines()[0], 256 * KIB, 8, false, true, 1);
+    let (a, b) = (pattern(41, 2 * MIB), pattern(42, 2 * MIB));
+    let read = |rel: &str| {
+        let mut back = vec![0u8; 2 * MIB];
+        h.read_into(&mut back, FileTarget::Path(&bed.file(rel)), 0).map(|_| back)
+    };
+
+    h_write(&bed, "orig.pt", &a);
+    let backup = bed.file("backup.pt");
+    File::create(&backup).unwrap().set_len(a.len() as u64).unwrap();
+    copy_xattr(&bed.file("orig.pt"), &backup, "user.deepnvme.stripe");
+    let e = h.write_from(&b, FileTarget::Path(&backup), 0).expect_err("a write to the copy").to_string();
+    assert!(e.contains("holds the bytes of another file") && e.contains("cp -a"), "{e}");
+    assert!(read("backup.pt").is_err(), "a read of the copy");
+    assert_bytes_eq(&read("orig.pt").unwrap(), &a, "the original after a write to its copy");
+
+    h_write(&bed, "ckpt.tmp", &a);
+    fs::rename(bed.file("ckpt.tmp"), bed.file("ckpt.pt")).unwrap();
+    assert_bytes_eq(&read("ckpt.pt").unwrap(), &a, "a renamed placeholder");
+    h_write(&bed, "ckpt.tmp", &b);
+    let e = read("ckpt.pt").expect_err("the renamed file after its members were taken over").to_string();
+    assert!(e.contains("took its member files over") && e.contains("ckpt.tmp"), "{e}");
+    assert_bytes_eq(&read("ckpt.tmp").unwrap(), &b, "the new file at the old name");
+}
+
 // ------------------------------------------------------ stripe create --
 
 /// `stripe create` refuses every layout in which two sets, or a set and

@@ -52,6 +52,8 @@ pub(crate) struct StripedFile {
     pub members: Vec<MemberFile>,
     /// The O_DIRECT alignment every member meets; `None` when one has none.
     pub dio: Option<DioAlignment>,
+    /// The placeholder's inode: its member files are tagged with it.
+    placeholder_ino: Option<u64>,
     access: libc::c_int,
     owned: Vec<RawFd>,
 }
@@ -237,7 +239,8 @@ fn mark_new(file: &OpenFile) -> Result<Option<Box<StripedFile>>> {
         return Ok(None);
     }
     let mark = Mark { id: manifest.id.clone(), extent: 0, relpath };
-    let mut striped = StripedFile::open_members(manifest, mark, 0, real.clone(), libc::O_WRONLY, true)?;
+    let ino = file.order_identity().map(|id| id.ino);
+    let mut striped = StripedFile::open_members(manifest, mark, 0, real.clone(), libc::O_WRONLY, true, ino)?;
     mark::write(fd, &striped.mark).map_err(|e| {
         let why = match e.raw_os_error() {
             Some(libc::ENOTSUP) => other(format!(
@@ -281,12 +284,17 @@ fn open_marked(file: &OpenFile, direction: Direction, mark: Mark) -> Result<Stri
         return Err(err(&real, "checking stripe set of", other(why)));
     }
     let size = file.size()?;
-    let extent = super::extent::settle_truncation(fd, &manifest, &mark, size, &real)?;
     let access = match direction {
         Direction::Read => libc::O_RDONLY,
         Direction::Write => libc::O_WRONLY,
     };
-    StripedFile::open_members(manifest, mark, extent, real, access, false)
+    let ino = file.order_identity().map(|id| id.ino);
+    // The members are checked as this file's own before a truncation is
+    // cut from them.
+    let mut striped =
+        StripedFile::open_members(manifest.clone(), mark.clone(), size.min(mark.extent), real.clone(), access, false, ino)?;
+    striped.extent = super::extent::settle_truncation(fd, &manifest, &mark, size, &real)?;
+    Ok(striped)
 }
 
 impl StripedFile {
@@ -300,6 +308,7 @@ impl StripedFile {
         logical: PathBuf,
         access: libc::c_int,
         fresh: bool,
+        placeholder_ino: Option<u64>,
     ) -> Result<StripedFile> {
         let layout = manifest.layout();
         let mut striped = StripedFile {
@@ -309,6 +318,7 @@ impl StripedFile {
             logical,
             members: Vec::with_capacity(layout.members),
             dio: None,
+            placeholder_ino,
             access,
             owned: Vec::with_capacity(layout.members),
             manifest,
@@ -365,6 +375,7 @@ impl StripedFile {
             }
         };
         self.owned.push(fd);
+        self.check_owner(index, &path, fd, fresh)?;
         let (dio, size, identity) = stat_for_io(fd);
         let dio = if flags & libc::O_DIRECT != 0 { dio } else { None };
         // The member file must be on the device its marker is on.
@@ -403,6 +414,30 @@ impl StripedFile {
         let direct = dio.is_some().then_some(fd);
         let buffered = (flags & libc::O_DIRECT == 0).then_some(fd);
         Ok(MemberFile { path, direct_fd: direct, buffered_fd: buffered, dio, punts })
+    }
+
+    /// A fresh member file is tagged as this placeholder's; any other must
+    /// carry its tag (or none: made by an older deepnvme).
+    fn check_owner(&self, index: usize, path: &Path, fd: RawFd, fresh: bool) -> Result<()> {
+        let Some(mine) = self.placeholder_ino else { return Ok(()) };
+        if fresh {
+            return mark::tag_owner(fd, mine).map_err(|e| err(path, "tagging stripe member", e));
+        }
+        match mark::owner(fd) {
+            Ok(Some(owner)) if owner != mine => {
+                let why = format!(
+                    "stripe member {index} of {} holds the bytes of another file (inode {owner}, not this \
+                     placeholder's {mine}): this file is a copy of a striped file made with its extended attributes \
+                     (cp -a, shutil.copy2, rsync -X), which hold none of its bytes, or it was renamed and a new file \
+                     written at its old name {} took its member files over. Copy striped files with `deepnvme stripe cat`",
+                    self.logical.display(),
+                    self.mark.relpath.display()
+                );
+                Err(err(path, "checking stripe member", other(why)))
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(err(path, "reading the owner tag of stripe member", e)),
+        }
     }
 
     /// Opens each member's buffered descriptor, where it has none yet.

@@ -80,6 +80,55 @@ pub fn write(fd: RawFd, mark: &Mark) -> io::Result<()> {
     Ok(())
 }
 
+/// The attribute on each member file naming the placeholder (its inode)
+/// whose bytes it holds: a placeholder copied with its attributes (`cp -a`,
+/// `shutil.copy2`, `rsync -X`), or one renamed and then replaced by a new
+/// file of its old name (which takes the member files over), finds member
+/// files that are not its own, and says so instead of moving another
+/// file's bytes.
+const OWNER_XATTR: &[u8] = b"user.deepnvme.stripe.owner\0";
+
+/// Tags the member file open on `fd` as holding the bytes of placeholder
+/// inode `owner`. A file system without user attributes is not an error
+/// (its member files are then not checked).
+pub fn tag_owner(fd: RawFd, owner: u64) -> io::Result<()> {
+    let value = owner.to_string();
+    // SAFETY: reads `value.len()` bytes of `value`; the name is NUL-terminated.
+    let rc = unsafe {
+        libc::fsetxattr(fd, OWNER_XATTR.as_ptr() as *const libc::c_char, value.as_ptr() as *const libc::c_void, value.len(), 0)
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ENOTSUP) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// The placeholder inode whose bytes the member file open on `fd` holds;
+/// `None` when it has no tag (made by an older deepnvme, or on a file
+/// system without user attributes).
+pub fn owner(fd: RawFd) -> io::Result<Option<u64>> {
+    let mut buf = [0u8; 32];
+    // SAFETY: fgetxattr writes at most `buf.len()` bytes into `buf`; the name is NUL-terminated.
+    let n = unsafe {
+        libc::fgetxattr(fd, OWNER_XATTR.as_ptr() as *const libc::c_char, buf.as_mut_ptr() as *mut libc::c_void, buf.len())
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENODATA) | Some(libc::ENOTSUP) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    std::str::from_utf8(&buf[..n as usize])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map(Some)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "its owner tag (user.deepnvme.stripe.owner) is not one deepnvme wrote"))
+}
+
 /// The mark of the file at `path` (for tools walking a set).
 pub fn read_path(path: &Path) -> io::Result<Option<Mark>> {
     let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
