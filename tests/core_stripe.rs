@@ -22,7 +22,8 @@
 //!   through the handle, and kept when the file is striped further; a file
 //!   saved twice that way on members with 4 KiB logical blocks (4Kn).
 //! * members that disagree: marker missing (drive not mounted), member file
-//!   truncated, set made again over files: clear errors naming the member.
+//!   truncated, set made again over files, the manifest's unit edited:
+//!   clear errors naming the member.
 //! * a member failing mid-op (its file made immutable, or its ext4 forced
 //!   read-only): the op fails naming the member file, offset and errno, and
 //!   every byte written before is still there.
@@ -682,6 +683,13 @@ fn members_that_disagree_are_errors_naming_them() {
     let old = stripe::Manifest::parse(&text, &bed.root).unwrap().id;
     fs::write(&manifest, text.replace(&old, "00000000000000ff")).unwrap();
     expect_err(h.read_into(&mut back, FileTarget::Path(&path), 0), &[&old, "00000000000000ff", "made again"], "a remade set");
+    fs::write(&manifest, &text).unwrap();
+
+    // The manifest's unit edited: every read would be scrambled.
+    let unit = format!("unit = {}", 64 * KIB);
+    assert!(text.contains(&unit), "{text}");
+    fs::write(&manifest, text.replace(&unit, &format!("unit = {}", 128 * KIB))).unwrap();
+    expect_err(h.read_into(&mut back, FileTarget::Path(&path), 0), &["was made with unit 65536", "restore unit = 65536"], "an edited unit");
     fs::write(&manifest, &text).unwrap();
 
     // The manifest removed.

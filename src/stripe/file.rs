@@ -128,13 +128,17 @@ pub(super) fn truncate(fd: RawFd, size: u64) -> io::Result<()> {
 }
 
 /// Member folders this process found marked as the member they are, and
-/// the device each marker is on: (set id, index) -> device.
-static VERIFIED: Mutex<Option<HashMap<(String, usize), u64>>> = Mutex::new(None);
+/// the device each marker is on: (set id, index, the manifest's unit, so
+/// that an edited unit is checked again) -> device.
+static VERIFIED: Mutex<Option<HashMap<VerifiedMember, u64>>> = Mutex::new(None);
+
+/// (set id, member index, the manifest's unit).
+type VerifiedMember = (String, usize, u64);
 
 /// The device of member `index`'s marker, after checking that the marker
 /// names this set and this place (once per process and member).
 fn verified_member_dev(manifest: &Manifest, index: usize, again: bool) -> Result<u64> {
-    let key = (manifest.id.clone(), index);
+    let key = (manifest.id.clone(), index, manifest.unit);
     if !again {
         if let Some(cache) = VERIFIED.try_lock() {
             if let Some(dev) = cache.as_ref().and_then(|c| c.get(&key)) {
@@ -167,6 +171,15 @@ fn verified_member_dev(manifest: &Manifest, index: usize, again: bool) -> Result
             manifest.root.join(MANIFEST_NAME).display(),
             manifest.members.len(),
             manifest.id
+        );
+        return Err(err(&marker_path, "checking stripe member marker", other(why)));
+    }
+    if let Some(unit) = marker.unit.filter(|&u| u != manifest.unit) {
+        let why = format!(
+            "{} says unit = {}, but the set was made with unit {unit} (its member markers say so): the manifest was \
+             edited, and every striped file would read scrambled; restore unit = {unit}",
+            manifest.root.join(MANIFEST_NAME).display(),
+            manifest.unit
         );
         return Err(err(&marker_path, "checking stripe member marker", other(why)));
     }

@@ -90,7 +90,7 @@ impl Manifest {
 
     /// The marker member `index` must hold.
     pub(crate) fn marker(&self, index: usize) -> Marker {
-        Marker { id: self.id.clone(), index, count: self.members.len(), set: self.root.clone() }
+        Marker { id: self.id.clone(), index, count: self.members.len(), unit: Some(self.unit), set: self.root.clone() }
     }
 }
 
@@ -100,6 +100,9 @@ pub(crate) struct Marker {
     pub id: String,
     pub index: usize,
     pub count: usize,
+    /// The stripe unit the set was made with, so that an edited manifest
+    /// cannot scramble reads (`None`: a marker from before it was kept).
+    pub unit: Option<u64>,
     /// The striped folder the member belongs to (for people; not trusted).
     pub set: PathBuf,
 }
@@ -109,19 +112,20 @@ impl Marker {
         format!(
             "# deepnvme stripe member: this folder holds member {} of {} of the stripe set at {}.\n\
              # Its files are parts of striped files; read them with `deepnvme stripe cat`.\n\
-             format = {FORMAT}\nid = {}\nindex = {}\ncount = {}\nset = {}\n",
+             format = {FORMAT}\nid = {}\nindex = {}\ncount = {}\n{}set = {}\n",
             self.index,
             self.count,
             self.set.display(),
             self.id,
             self.index,
             self.count,
+            self.unit.map(|u| format!("unit = {u}\n")).unwrap_or_default(),
             self.set.display()
         )
     }
 
     pub fn parse(text: &str) -> Result<Marker, String> {
-        let (mut id, mut index, mut count, mut set, mut format) = (None, None, None, None, None);
+        let (mut id, mut index, mut count, mut set, mut format, mut unit) = (None, None, None, None, None, None);
         for (key, value) in lines(text)? {
             let number = |v: &str| v.parse::<usize>().map_err(|_| format!("{key} {v:?} is not a number"));
             match key {
@@ -129,6 +133,7 @@ impl Marker {
                 "id" => id = Some(value.to_string()),
                 "index" => index = Some(number(value)?),
                 "count" => count = Some(number(value)?),
+                "unit" => unit = Some(number(value)? as u64),
                 "set" => set = Some(PathBuf::from(value)),
                 other => return Err(format!("unknown key {other:?}")),
             }
@@ -140,6 +145,7 @@ impl Marker {
             id: id.ok_or("no id line")?,
             index: index.ok_or("no index line")?,
             count: count.ok_or("no count line")?,
+            unit,
             set: set.unwrap_or_default(),
         })
     }
