@@ -148,9 +148,10 @@ fn create(a: CreateArgs) -> Result<(), CliError> {
         return inspect(InspectArgs { path: manifest.root, json: true });
     }
     println!(
-        "{} is a stripe set over {} members, unit {} (id {}):",
+        "{} is a stripe set over {} member{}, unit {} (id {}):",
         manifest.root.display(),
         manifest.members.len(),
+        if manifest.members.len() == 1 { "" } else { "s" },
         fmt_size(manifest.unit),
         manifest.id
     );
@@ -194,8 +195,15 @@ fn inspect(a: InspectArgs) -> Result<(), CliError> {
     if is_set {
         let info = stripe::SetInfo::read(&a.path).map_err(CliError::NotRun)?;
         let j = set_json(&info);
+        // Exit status 1 when a member has a problem, as for a striped file.
+        let troubled = j.members.iter().filter(|m| m.problem.is_some()).count();
+        let verdict = || match troubled {
+            0 => Ok(()),
+            n => Err(CliError::Failed(format!("{n} of the {} members of {} have a problem", j.members.len(), j.path))),
+        };
         if a.json {
-            return print_json(&j);
+            print_json(&j)?;
+            return verdict();
         }
         println!(
             "stripe set {} (id {}, unit {}, {} members)",
@@ -232,7 +240,7 @@ fn inspect(a: InspectArgs) -> Result<(), CliError> {
                 fmt_size(j.orphan_bytes)
             );
         }
-        return Ok(());
+        return verdict();
     }
     let info = stripe::FileInfo::read(&a.path).map_err(CliError::NotRun)?;
     let Some(info) = info else {
@@ -256,8 +264,13 @@ fn inspect(a: InspectArgs) -> Result<(), CliError> {
             .collect(),
         problems: info.problems.clone(),
     };
+    let verdict = || match j.problems.is_empty() {
+        true => Ok(()),
+        false => Err(CliError::Failed(format!("{} does not agree with its stripe set", j.path))),
+    };
     if a.json {
-        return print_json(&j);
+        print_json(&j)?;
+        return verdict();
     }
     println!("{}: striped file of the set at {} (id {}, unit {})", j.path, j.set, j.id, fmt_size(j.unit));
     println!("  {} bytes; the first {} in the members{}", j.size, j.extent, if j.size > j.extent { ", the rest in the file itself" } else { "" });
@@ -268,11 +281,7 @@ fn inspect(a: InspectArgs) -> Result<(), CliError> {
     for p in &j.problems {
         println!("  PROBLEM: {p}");
     }
-    if j.problems.is_empty() {
-        Ok(())
-    } else {
-        Err(CliError::Failed(format!("{} does not agree with its stripe set", j.path)))
-    }
+    verdict()
 }
 
 fn remove(a: RemoveArgs) -> Result<(), CliError> {

@@ -251,3 +251,30 @@ fn tune_ranks_points_and_prints_an_aio_block() {
     assert_eq!(cfg["aio"]["queue_depth"], 8);
     assert!(dir.entries().is_empty(), "the temp file was left: {:?}", dir.entries());
 }
+
+/// `stripe inspect` of a set one of whose members has a problem (its
+/// marker gone: a drive not mounted) says PROBLEM and exits 1, in text and
+/// JSON, so that a script can tell; with the marker back it exits 0.
+#[test]
+fn stripe_inspect_exits_1_when_a_member_has_a_problem() {
+    let dir = TempDir::new("stripe-inspect");
+    for d in ["set", "m0", "m1"] {
+        std::fs::create_dir_all(dir.0.join(d)).unwrap();
+    }
+    let o = run_in(&dir.0, &["stripe", "create", "set", "m0", "m1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("over 2 members"), "{}", stdout(&o));
+    let marker = dir.0.join("m1/.deepnvme-stripe-member");
+    let kept = std::fs::read(&marker).unwrap();
+    std::fs::remove_file(&marker).unwrap();
+    let o = run_in(&dir.0, &["stripe", "inspect", "set"]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("PROBLEM") && stderr(&o).contains("have a problem"), "{}{}", stdout(&o), stderr(&o));
+    let o = run_in(&dir.0, &["stripe", "inspect", "--json", "set"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let j: Value = serde_json::from_str(&stdout(&o)).expect("JSON on stdout");
+    assert!(j["members"][1]["problem"].is_string(), "{j}");
+    std::fs::write(&marker, kept).unwrap();
+    let j = json_of(&dir.0, &["stripe", "inspect", "--json", "set"]);
+    assert!(j["members"][1]["problem"].is_null(), "{j}");
+}
