@@ -406,3 +406,80 @@ fn swap_buffers_beyond_the_free_memory_fail_with_what_fits() {
     assert!(matches!(count, Some(3 | 4)), "{fix}");
     assert_eq!(code, Some(1));
 }
+
+/// `doctor --only config,filesystem --json` on the config file `text`, with the table.
+fn read_config(dir: &Path, text: &str) -> (Value, Option<i32>, String) {
+    let path = dir.join("ds.json");
+    std::fs::write(&path, text).unwrap();
+    let mut cmd = doctor_in(dir, &["--json", "--only", "config,filesystem", "--python", "/bin/false", "--config"]);
+    cmd.arg(&path);
+    run(cmd)
+}
+
+/// DeepSpeed reads the file with hjson: a BOM, `//`, `/* */` and `#`
+/// comments and trailing commas are a config it takes, so the doctor reads
+/// it (without Python) and checks its nvme_path; `//`, `/*` and `#` inside
+/// strings are text, kept as written.
+#[test]
+fn a_commented_config_with_a_bom_is_read_and_its_nvme_path_checked() {
+    let dir = TempDir::new("doctor-comments");
+    let d = &dir.0;
+    std::fs::create_dir(d.join("swap#1")).unwrap();
+    let nvme = format!("{}//swap#1", d.display());
+    let text = format!(
+        "\u{feff}// ZeRO-3 to NVMe\n{{\n  \"train_batch_size\": 8, # the global batch\n  \"zero_optimization\": {{\n    \
+         \"stage\": 3, /* parameters\n       to NVMe */\n    \"offload_param\": {{\"device\": \"nvme\", \"nvme_path\": \
+         \"{nvme}\", \"buffer_count\": 5,}},\n  }},\n  \"note\": \"http://x//y /* not a comment */ # nor this\",\n}}\n"
+    );
+    let (j, code, err) = read_config(d, &text);
+    assert_eq!(code, Some(0), "{err}\n{j:#}");
+    expect(finding(&j, "config", "read"), "ok", &["JSON with comments"], &[]);
+    expect(finding(&j, "config", "offload"), "ok", &[&format!("parameters to {nvme} (5 buffers")], &[]);
+    let f = finding_at(&j, "filesystem", "O_DIRECT", "zero_optimization.offload_param.nvme_path");
+    assert_eq!(f["path"], nvme.as_str(), "{f:#}");
+    assert!(problems(&j).is_empty(), "{:#?}", problems(&j));
+}
+
+/// DeepSpeed's duplicate-key hook refuses a key given twice in one object,
+/// at any depth: a FAIL with its text, naming the key (serde_json alone
+/// keeps the last and says nothing).
+#[test]
+fn a_duplicate_key_fails_with_deepspeeds_text_at_any_depth() {
+    let dir = TempDir::new("doctor-duplicates");
+    let d = &dir.0;
+    let block = format!(r#"{{"stage": 3, "offload_param": {{"device": "nvme", "nvme_path": "{}"}}}}"#, d.display());
+    let (j, code, err) = read_config(d, &format!(r#"{{"zero_optimization": {block}, "zero_optimization": {block}}}"#));
+    assert_eq!(code, Some(1), "{j:#}");
+    assert!(err.contains("config/duplicate keys"), "{err}");
+    let f = finding_at(&j, "config", "duplicate keys", "zero_optimization");
+    expect(f, "fail", &["Duplicate keys in DeepSpeed config: ['zero_optimization']", "at the top level"], &[]);
+    assert_eq!(findings(&j, "config", "duplicate keys").len(), 1, "{j:#}");
+
+    let nested = format!(
+        r#"{{"zero_optimization": {{"stage": 3, "offload_param": {{"device": "nvme", "nvme_path": "{d}", "nvme_path": "{d}/x"}}}}}}"#,
+        d = d.display()
+    );
+    let (j, code, _) = read_config(d, &nested);
+    assert_eq!(code, Some(1), "{j:#}");
+    let f = finding_at(&j, "config", "duplicate keys", "zero_optimization.offload_param.nvme_path");
+    expect(
+        f,
+        "fail",
+        &["Duplicate keys in DeepSpeed config: ['nvme_path']", "in zero_optimization.offload_param"],
+        &["keep one"],
+    );
+}
+
+/// What only hjson reads (quoteless keys) needs DeepSpeed's reader in the
+/// job's Python: without it the doctor cannot run, and says so.
+#[test]
+fn a_config_only_hjson_reads_needs_deepspeeds_reader() {
+    let dir = TempDir::new("doctor-hjson");
+    let d = &dir.0;
+    let (j, code, err) = read_config(d, "{\n  zero_optimization: {stage: 3}\n}\n");
+    assert_eq!(code, Some(2), "{j:#}");
+    assert_eq!(j["status"], "error", "{j}");
+    for words in ["ds.json is not JSON", "DeepSpeed reads it with hjson", "--python"] {
+        assert!(text(&j, "error").contains(words) && err.contains(words), "{words}: {j}");
+    }
+}

@@ -3,7 +3,8 @@
 # (it uses that script's `out` and `attempt`), so torch and DeepSpeed are
 # imported once. When DEEPNVME_DOCTOR_CONFIG names a DeepSpeed config, it
 # puts under out["config_check"] what DeepSpeed's own code says of it, the
-# way deepspeed.initialize meets it: the removed keys DeepSpeedConfig
+# way deepspeed.initialize meets it: the file read as DeepSpeedConfig reads
+# it (hjson, DeepSpeed's duplicate-key hook), the removed keys DeepSpeedConfig
 # refuses, the zero_optimization section through DeepSpeedZeroConfig
 # (pydantic: every error, with its key), the aio block through
 # get_aio_config, the checkpoint block through get_checkpoint_config, and,
@@ -55,12 +56,66 @@ def _model_keys(model, loc):
     return [f.alias or n for n, f in model.model_fields.items()]
 
 
+def read_config(path):
+    """The config as DeepSpeedConfig reads a file: hjson.load with DeepSpeed's
+    own duplicate-key hook. Where the hook refuses an object, its error is
+    kept (with the object's keys from the top and the keys given twice) and
+    the object holds each key's last value, as dict keeps it, so the rest
+    can still be checked. Returns (config, duplicates)."""
+    import hjson
+    from deepspeed.runtime.config_utils import dict_raise_error_on_duplicate_keys
+
+    refused = []
+
+    def hook(pairs):
+        try:
+            return dict_raise_error_on_duplicate_keys(pairs)
+        except ValueError as e:
+            counts = {}
+            for key, _ in pairs:
+                counts[key] = counts.get(key, 0) + 1
+            obj = dict(pairs)
+            refused.append((obj, [k for k, n in counts.items() if n > 1], str(e)))
+            return obj
+
+    with open(path, "r") as f:
+        cfg = hjson.load(f, object_pairs_hook=hook)
+
+    def where(node, target, keys):
+        if node is target:
+            return keys
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in items:
+            found = where(child, target, keys + [str(key)])
+            if found is not None:
+                return found
+        return None
+
+    return cfg, [{"object": where(cfg, obj, []) or [], "keys": keys, "message": message}
+                 for obj, keys, message in refused]
+
+
 def _config_check(path):
     report = {"deepspeed": out.get("deepspeed"), "errors": [], "aio_handle": None}
     if not report["deepspeed"]:
         return report
-    with open(path) as f:
-        cfg = json.load(f)
+    # Read as deepspeed.initialize(config=path) reads it; what hjson or the
+    # hook refuses stops here (the doctor reports it).
+    try:
+        read, duplicates = read_config(path)
+    except Exception as e:
+        report["read_error"] = f"{type(e).__name__}: {e}"
+        return report
+    report["read"] = {"config": read, "duplicates": duplicates}
+    # A file json.load reads too is checked with JSON's numbers (1e6 a
+    # float), as a script that json.loads it and passes the dict (the HF
+    # Trainer does) gives them to DeepSpeed; one only hjson reads, as hjson
+    # has them (1e6 an int).
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except ValueError:
+        cfg = read
     errors = report["errors"]
 
     def error(loc, kind, msg, value=None, fields=None):
@@ -200,3 +255,21 @@ def _config_check(path):
 _path = os.environ.get("DEEPNVME_DOCTOR_CONFIG")
 if _path:
     attempt("config_check", lambda: _config_check(_path))
+
+# Alone (without frontend_probe.py), for a file the doctor cannot read itself:
+# DeepSpeed's reading of the file DEEPNVME_DOCTOR_READ names, on one line
+# after the marker the doctor passes in DEEPNVME_DOCTOR_MARKER.
+_read = os.environ.get("DEEPNVME_DOCTOR_READ")
+if _read:
+    try:
+        import hjson  # noqa: F401
+        import deepspeed.runtime.config_utils  # noqa: F401
+    except BaseException as e:
+        _report = {"unavailable": f"{type(e).__name__}: {e}"}
+    else:
+        try:
+            _cfg, _dups = read_config(_read)
+            _report = {"config": _cfg, "duplicates": _dups}
+        except Exception as e:
+            _report = {"error": f"{type(e).__name__}: {e}"}
+    print(os.environ.get("DEEPNVME_DOCTOR_MARKER", "") + json.dumps(_report), flush=True)

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::config::read;
 use super::report::Finding;
 use super::Context;
 
@@ -24,6 +25,8 @@ const PROBE: &str = include_str!("frontend_probe.py");
 const CONFIG_PROBE: &str = include_str!("config_probe.py");
 /// The config `config_probe.py` validates.
 const CONFIG_ENV: &str = "DEEPNVME_DOCTOR_CONFIG";
+/// The config `config_probe.py` alone reads (`read_config`).
+const READ_ENV: &str = "DEEPNVME_DOCTOR_READ";
 const MARKER: &str = "DEEPNVME-DOCTOR-JSON:";
 /// Importing torch and DeepSpeed takes seconds; a wedged CUDA driver, forever.
 const TIMEOUT: Duration = Duration::from_secs(240);
@@ -68,14 +71,13 @@ pub fn default_python() -> PathBuf {
     PathBuf::from("python3")
 }
 
-/// Runs the probes in `python` (with `config` for `config_probe.py`).
-/// Errors say why it gave no report.
-pub fn probe(python: &Path, config: Option<&Path>) -> Result<PythonInfo, String> {
-    let script = format!("{PROBE}\n{CONFIG_PROBE}\nsys.stdout.flush()\nprint(MARKER + json.dumps(out), flush=True)\n");
+/// Runs `script` in `python` with `env`, and returns the JSON object it
+/// prints after [`MARKER`]. Errors say why it gave none.
+fn run_script(python: &Path, script: &str, env: &[(&str, PathBuf)], timeout: Duration) -> Result<Value, String> {
     let mut cmd = Command::new(python);
-    cmd.arg("-c").arg(script).env_remove(CONFIG_ENV);
-    if let Some(c) = config {
-        cmd.env(CONFIG_ENV, std::fs::canonicalize(c).unwrap_or_else(|_| c.to_path_buf()));
+    cmd.arg("-c").arg(script).env_remove(CONFIG_ENV).env_remove(READ_ENV);
+    for (k, v) in env {
+        cmd.env(k, v);
     }
     let mut child = cmd
         .stdin(Stdio::null())
@@ -100,10 +102,10 @@ pub fn probe(python: &Path, config: Option<&Path>) -> Result<PythonInfo, String>
     let status = loop {
         match child.try_wait() {
             Ok(Some(s)) => break Ok(s),
-            Ok(None) if start.elapsed() > TIMEOUT => {
+            Ok(None) if start.elapsed() > timeout => {
                 let _ = child.kill();
                 let _ = child.wait();
-                break Err(format!("{} did not finish within {} s", python.display(), TIMEOUT.as_secs()));
+                break Err(format!("{} did not finish within {} s", python.display(), timeout.as_secs()));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => break Err(e.to_string()),
@@ -121,7 +123,35 @@ pub fn probe(python: &Path, config: Option<&Path>) -> Result<PythonInfo, String>
             if tail.is_empty() { String::new() } else { format!(": {tail}") }
         ));
     };
-    let raw: Value = serde_json::from_str(line).map_err(|e| format!("the probe's report is not JSON: {e}"))?;
+    serde_json::from_str(line).map_err(|e| format!("the probe's report is not JSON: {e}"))
+}
+
+/// DeepSpeed's reading of the config file `path` (hjson and its
+/// duplicate-key hook, `read_config` in `config_probe.py`) in `python`,
+/// for a file the doctor cannot read itself. The outer error: no reading
+/// (no Python, no DeepSpeed); the inner one: DeepSpeed's reader refuses it.
+pub fn read_config(python: &Path, path: &Path) -> Result<Result<read::Read, String>, String> {
+    let script = format!("{CONFIG_PROBE}\n");
+    let env = [
+        (READ_ENV, std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())),
+        ("DEEPNVME_DOCTOR_MARKER", PathBuf::from(MARKER)),
+    ];
+    let report = run_script(python, &script, &env, TIMEOUT)?;
+    if let Some(why) = report.get("unavailable").and_then(Value::as_str) {
+        return Err(format!("{} cannot import DeepSpeed's reader ({why})", python.display()));
+    }
+    Ok(read::from_report(&report, python))
+}
+
+/// Runs the probes in `python` (with `config` for `config_probe.py`).
+/// Errors say why it gave no report.
+pub fn probe(python: &Path, config: Option<&Path>) -> Result<PythonInfo, String> {
+    let script = format!("{PROBE}\n{CONFIG_PROBE}\nsys.stdout.flush()\nprint(MARKER + json.dumps(out), flush=True)\n");
+    let env: Vec<(&str, PathBuf)> = config
+        .map(|c| (CONFIG_ENV, std::fs::canonicalize(c).unwrap_or_else(|_| c.to_path_buf())))
+        .into_iter()
+        .collect();
+    let raw = run_script(python, &script, &env, TIMEOUT)?;
     let gds = match (raw.get("gds_unavailable"), raw.get("gds_unavailable_error")) {
         (Some(Value::Null), None) => Some(Ok(())),
         (Some(Value::String(why)), None) => Some(Err(why.clone())),

@@ -333,8 +333,9 @@ pub fn main(args: DoctorArgs) -> Result<(), CliError> {
         }
         CliError::NotRun(msg)
     };
+    let python = args.python.clone().unwrap_or_else(frontend::default_python);
     let config = match &args.config {
-        Some(p) => Some(DsConfig::load(p).map_err(not_run)?),
+        Some(p) => Some(DsConfig::load(p, &python).map_err(not_run)?),
         None => None,
     };
     let targets = targets(&args, config.as_ref()).map_err(not_run)?;
@@ -356,7 +357,7 @@ pub fn main(args: DoctorArgs) -> Result<(), CliError> {
         min_gbps: args.min_gbps,
         step_time: args.step_time,
         sections: sections.clone(),
-        python: args.python.clone().unwrap_or_else(frontend::default_python),
+        python,
         probe: OnceCell::new(),
     };
 

@@ -14,6 +14,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::aio_rules;
+use super::config::read::{self, Duplicate, How};
 use super::config::{DsConfig, NvmeOffload};
 use super::ds_rules::{self, Violation};
 use super::report::{Finding, Status};
@@ -50,6 +51,9 @@ fn from_probe(ctx: &Context) -> Result<(Source, Vec<Violation>, Option<bool>), S
         return Err(format!("DeepSpeed's validation could not run in {python}: {e}"));
     }
     let check = p.raw.get("config_check").ok_or_else(|| format!("{python} reported no config check"))?;
+    if let Some(e) = check.get("read_error").and_then(Value::as_str) {
+        return Err(format!("DeepSpeed's reader in {python} refuses the file ({e})"));
+    }
     let Some(version) = check.get("deepspeed").and_then(Value::as_str) else {
         return Err(format!("no deepspeed in {python}"));
     };
@@ -202,6 +206,118 @@ fn violation_finding(v: &Violation, source: &Source, cfg: &DsConfig) -> Finding 
         .key(key)
 }
 
+/// How the file was read, when it is not plain JSON.
+fn read_finding(cfg: &DsConfig) -> Option<Finding> {
+    let how = match &cfg.how {
+        How::Json => return None,
+        How::JsonWithComments => "JSON with comments or trailing commas (read here as hjson reads them)".to_string(),
+        How::Hjson(python) => format!("hjson, read by DeepSpeed's own reader in {}", python.display()),
+    };
+    Some(Finding::ok(SECTION, "read", format!("{} is {how}", cfg.path.display())).why(
+        "deepspeed.initialize(config=path) reads the file with hjson, which takes it; a script that reads it \
+             with json.load and passes the dict refuses it",
+    ))
+}
+
+/// A key given twice in one object: DeepSpeed's duplicate-key hook refuses the file.
+fn duplicate_finding(d: &Duplicate, cfg: &DsConfig, by: &str) -> Finding {
+    let file = cfg.path.display();
+    let within =
+        if d.object.is_empty() { "at the top level".to_string() } else { format!("in {}", d.object.join(".")) };
+    let keys = d.paths();
+    Finding::fail(SECTION, "duplicate keys", format!("DeepSpeed refuses {file}: {} ({within})", d.message))
+        .why(format!(
+            "DeepSpeedConfig reads the file with hjson.load(..., object_pairs_hook=dict_raise_error_on_duplicate_keys), \
+             which raises ValueError, so deepspeed.initialize stops before training ({by}); the doctor checked the \
+             rest with each key's last value"
+        ))
+        .fix(format!("keep one of each of {} in {file} (merge the blocks if both hold settings)", keys.join(", ")))
+        .key(keys.join(", "))
+}
+
+/// Whether two readings differ; `at` is then the first key where they do.
+fn first_difference(a: &Value, b: &Value, at: &mut Vec<String>) -> bool {
+    let mut differs_at = |k: String, p: Option<&Value>, q: Option<&Value>| {
+        at.push(k);
+        let differs = match (p, q) {
+            (Some(p), Some(q)) => first_difference(p, q, at),
+            _ => true,
+        };
+        if !differs {
+            at.pop();
+        }
+        differs
+    };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            x.keys().chain(y.keys()).any(|k| differs_at(k.clone(), x.get(k), y.get(k)))
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            x.iter().zip(y).enumerate().any(|(i, (p, q))| differs_at(i.to_string(), Some(p), Some(q)))
+        }
+        _ => a != b,
+    }
+}
+
+/// DeepSpeed's own reading of the file in the job's Python (the probe),
+/// against the doctor's: what it refuses that the doctor read.
+fn deepspeed_reading(ctx: &Context, cfg: &DsConfig) -> Vec<Finding> {
+    let Some(p) = ctx.python() else { return Vec::new() };
+    let Some(check) = p.raw.get("config_check") else { return Vec::new() };
+    let python = p.python.display().to_string();
+    let file = cfg.path.display();
+    if let Some(e) = check.get("read_error").and_then(Value::as_str) {
+        return vec![Finding::fail(SECTION, "read", format!("DeepSpeed's reader refuses {file}: {e}"))
+            .why(format!(
+                "deepspeed.initialize reads the file with hjson.load (DeepSpeed's duplicate-key hook) in {python}, \
+                 which raises; the doctor's own reading took it, and the checks here use that"
+            ))
+            .fix(format!("edit {file} so that it is plain JSON"))];
+    }
+    let Some(found) = check.get("read") else { return Vec::new() };
+    let mut out = Vec::new();
+    if cfg.duplicates.is_empty() {
+        for d in read::duplicates_of(found) {
+            out.push(duplicate_finding(&d, cfg, &format!("DeepSpeed's reader in {python} says so")));
+        }
+    }
+    // hjson makes a whole 1e8 or 8.0 an int; the rest must agree.
+    let (mut mine, mut theirs) = (cfg.raw.clone(), found.get("config").cloned().unwrap_or_default());
+    read::hjson_numbers(&mut mine);
+    read::hjson_numbers(&mut theirs);
+    let mut at = Vec::new();
+    if first_difference(&mine, &theirs, &mut at) {
+        let key = if at.is_empty() { "the top level".to_string() } else { at.join(".") };
+        out.push(
+            Finding::warn(SECTION, "read", format!("DeepSpeed's reader in {python} reads {key} of {file} otherwise"))
+                .why(format!(
+                    "the doctor read the file as {}; hjson has {}, the doctor {}: the checks of other sections \
+                     used the doctor's",
+                    match &cfg.how {
+                        How::Json => "JSON",
+                        How::JsonWithComments => "JSON with comments",
+                        How::Hjson(_) => "hjson",
+                    },
+                    value_at(&theirs, &at),
+                    value_at(&mine, &at)
+                ))
+                .fix(format!("write {key} as plain JSON in {file}"))
+                .key(key),
+        );
+    }
+    out
+}
+
+fn value_at(v: &Value, at: &[String]) -> String {
+    let mut v = Some(v);
+    for k in at {
+        v = v.and_then(
+            |x| if let Value::Array(a) = x { k.parse().ok().and_then(|i: usize| a.get(i)) } else { x.get(k) },
+        );
+    }
+    v.map_or("nothing".to_string(), Value::to_string)
+}
+
 /// The summary of what the config asks for.
 fn offload_finding(cfg: &DsConfig) -> Finding {
     let offload = |name: &str, o: &Option<NvmeOffload>| match o {
@@ -274,11 +390,16 @@ fn missing_paths(cfg: &DsConfig) -> Vec<Finding> {
 
 pub fn check(ctx: &Context) -> Vec<Finding> {
     let Some(cfg) = ctx.config.as_ref() else { return Vec::new() };
-    let mut out = vec![offload_finding(cfg)];
+    let mut out: Vec<Finding> = read_finding(cfg).into_iter().collect();
+    for d in &cfg.duplicates {
+        out.push(duplicate_finding(d, cfg, "found by the doctor's own reading"));
+    }
+    out.push(offload_finding(cfg));
     let (source, violations, handle_tried) = match from_probe(ctx) {
         Ok(found) => found,
         Err(why) => (Source::Table { why }, from_table(cfg), None),
     };
+    out.extend(deepspeed_reading(ctx, cfg));
     for v in &violations {
         out.push(violation_finding(v, &source, cfg));
     }
@@ -339,6 +460,18 @@ mod tests {
         let fast = json!({"checkpoint": {"writer": {"type": "fast"}}, "aio": {"queue_depth": 0}});
         assert_eq!(keys(fast), ["aio.queue_depth"]);
         assert_eq!(table(json!({"aio": [1]}))[0].kind, "type_error");
+    }
+
+    #[test]
+    fn readings_that_differ_name_the_first_key() {
+        let mut at = Vec::new();
+        let a = json!({"a": {"b": [1, {"c": 2}]}, "d": 1});
+        assert!(!first_difference(&a, &a.clone(), &mut at) && at.is_empty());
+        assert!(first_difference(&a, &json!({"a": {"b": [1, {"c": 3}]}, "d": 1}), &mut at));
+        assert_eq!(at, ["a", "b", "1", "c"]);
+        let mut at = Vec::new();
+        assert!(first_difference(&a, &json!({"a": {"b": [1, {"c": 2}]}}), &mut at));
+        assert_eq!(at, ["d"]);
     }
 
     #[test]

@@ -15,6 +15,9 @@ use super::aio_rules;
 use super::lax;
 use crate::args::fmt_size_approx;
 
+pub mod read;
+use read::{Duplicate, How};
+
 /// `deepspeed/runtime/swap_tensor/constants.py`: the `aio` block's defaults
 /// (those of ZeRO-Infinity, not `aio_handle()`'s: queue depth 8, overlap on).
 pub const AIO_BLOCK_SIZE_DEFAULT: usize = 1 << 20;
@@ -103,8 +106,12 @@ impl NvmeOffload {
 #[derive(Clone, Debug)]
 pub struct DsConfig {
     pub path: PathBuf,
-    /// The whole config, for the validation.
+    /// The whole config, for the validation (each duplicated key's last value).
     pub raw: Value,
+    /// How the file was read: JSON, JSON with comments, or by DeepSpeed's hjson.
+    pub how: How,
+    /// Keys given twice in one object: DeepSpeed refuses the file.
+    pub duplicates: Vec<Duplicate>,
     pub stage: Option<u64>,
     pub aio: Aio,
     /// Whether the config has an `aio` block at all.
@@ -210,14 +217,16 @@ fn aliased_int(zero: &Value, name: &str, default: u64) -> u64 {
 }
 
 impl DsConfig {
-    /// Reads and interprets `path`. Errors name the file and what is wrong.
-    pub fn load(path: &Path) -> Result<DsConfig, String> {
+    /// Reads `path` as DeepSpeed reads it (`read`: JSON, JSON with comments,
+    /// else DeepSpeed's hjson reader in `python`) and interprets it. Errors
+    /// name the file and what is wrong.
+    pub fn load(path: &Path, python: &Path) -> Result<DsConfig, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
-        if !v.is_object() {
+        let r = read::read(path, &text, || super::frontend::read_config(python, path))?;
+        if !r.value.is_object() {
             return Err(format!("{} is not a JSON object", path.display()));
         }
-        Ok(DsConfig::from_value(path, &v))
+        Ok(DsConfig { how: r.how, duplicates: r.duplicates, ..DsConfig::from_value(path, &r.value) })
     }
 
     pub fn from_value(path: &Path, v: &Value) -> DsConfig {
@@ -323,6 +332,8 @@ impl DsConfig {
         DsConfig {
             path: path.to_path_buf(),
             raw: v.clone(),
+            how: How::Json,
+            duplicates: Vec::new(),
             stage,
             aio,
             aio_given: aio_block.is_some(),
