@@ -91,8 +91,11 @@ fn readme_and_sources_use_only_listed_variables() {
         "DEEPNVME_GDS_TEST_CHILD",
         "DEEPNVME_BOUNCE_TEST_CHILD",
         "DEEPNVME_BOUNCE_TEST_ENGINE",
-        // The doctor hands the config path to its own Python probe.
+        // The doctor hands the config path to its own Python probe, or the
+        // file to read DeepSpeed's way and the marker to print before it.
         "DEEPNVME_DOCTOR_CONFIG",
+        "DEEPNVME_DOCTOR_READ",
+        "DEEPNVME_DOCTOR_MARKER",
         // The console script tells the CLI binary which Python it ran in.
         "DEEPNVME_CLI_PYTHON",
     ];
