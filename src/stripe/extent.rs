@@ -45,52 +45,52 @@ fn cut_to_truncated_size(placeholder: RawFd, manifest: &Manifest, mark: &Mark, s
     Ok(size)
 }
 
-/// The striped extent of a placeholder about to be used by an op whose
-/// mark says `mark`: a truncation by another program (its size below the
-/// mark's extent) is made permanent first (`cut_to_truncated_size`, under
-/// the placeholder's lock). Where that cannot be done (no write permission,
-/// a read-only member), the op still uses the truncated size.
-pub(super) fn settle_truncation(placeholder: RawFd, manifest: &Manifest, mark: &Mark, size: u64, logical: &Path) -> Result<u64> {
-    if size >= mark.extent {
-        return Ok(mark.extent);
-    }
-    let cut = (|| {
-        let _lock = Locked::take(placeholder).map_err(|e| err(logical, "locking stripe placeholder", e))?;
-        let now = mark::read(placeholder).ok().flatten().filter(|m| m.id == mark.id);
-        let size = fd_size(placeholder).map_err(|e| err(logical, "fstat of", e))?;
-        match now {
-            Some(now) if size < now.extent => cut_to_truncated_size(placeholder, manifest, &now, size, logical),
-            Some(now) => Ok(now.extent),
-            None => Ok(size),
-        }
-    })();
-    Ok(match cut {
-        Ok(extent) => {
-            crate::rt::log::info(&format!(
-                "{} was truncated to {size} bytes by another program after {} of its bytes were striped; \
-                 its striped bytes past that were cut from its members",
-                logical.display(),
-                mark.extent
-            ));
-            extent
-        }
-        Err(e) => {
-            crate::rt::log::info_once(
-                &format!("stripe-truncated-{}", logical.display()),
-                &format!(
-                    "{} was truncated to {size} bytes by another program after {} of its bytes were striped; \
-                     its striped bytes past that are dropped for this process (cutting them from the members \
-                     failed: {e})",
-                    logical.display(),
-                    mark.extent
-                ),
-            );
-            size.min(mark.extent)
-        }
-    })
-}
-
 impl StripedFile {
+    /// Before an op uses the file: a truncation by another program (the
+    /// placeholder's `size` below the mark's extent) is made permanent
+    /// (`cut_to_truncated_size`, under the placeholder's lock), and the op
+    /// uses the extent that leaves. Where that cannot be done (no write
+    /// permission, a read-only member) the op still uses the truncated size.
+    pub(super) fn settle_truncation(&mut self, placeholder: RawFd, size: u64) -> Result<()> {
+        if size >= self.mark.extent {
+            return Ok(());
+        }
+        let logical = self.logical.clone();
+        let cut = (|| {
+            let _lock = Locked::take(placeholder).map_err(|e| err(&logical, "locking stripe placeholder", e))?;
+            let now = mark::read(placeholder).ok().flatten().filter(|m| m.id == self.mark.id);
+            let size = fd_size(placeholder).map_err(|e| err(&logical, "fstat of", e))?;
+            match now {
+                Some(now) if size < now.extent => {
+                    cut_to_truncated_size(placeholder, &self.manifest, &now, size, &logical).map(|e| (e, true))
+                }
+                Some(now) => Ok((now.extent, false)),
+                None => Ok((size.min(self.mark.extent), false)),
+            }
+        })();
+        let said = format!(
+            "{} was truncated to {size} bytes by another program after {} of its bytes were striped",
+            logical.display(),
+            self.mark.extent
+        );
+        self.extent = match cut {
+            Ok((extent, cut)) => {
+                if cut {
+                    crate::rt::log::info(&format!("{said}; its striped bytes past that were cut from its members"));
+                }
+                extent
+            }
+            Err(e) => {
+                crate::rt::log::info_once(
+                    &format!("stripe-truncated-{}", logical.display()),
+                    &format!("{said}; its striped bytes past that are dropped for this process (cutting them from the members failed: {e})"),
+                );
+                size
+            }
+        };
+        Ok(())
+    }
+
     /// Makes logical bytes `[offset, offset + len)` part of the striped
     /// extent before a write to them is planned: grows the members and the
     /// placeholder to the new extent and records it in the mark, all under
@@ -120,6 +120,15 @@ impl StripedFile {
         if end <= extent {
             self.extent = extent;
             return Ok(());
+        }
+        // Member bytes past the extent are stale (a truncation cut while a
+        // write was still landing): they must read as zeros once it grows.
+        for (i, m) in self.members.iter().enumerate() {
+            let fd = m.direct_fd.or(m.buffered_fd).unwrap_or(-1);
+            let keep = self.layout.member_size(i, extent);
+            if fd_size(fd).map_err(|e| err(&m.path, "fstat of", e))? > keep {
+                truncate(fd, keep).map_err(|e| err(&m.path, "truncating stripe member", e))?;
+            }
         }
         let own_end = offset.min(size);
         if own_end > extent {

@@ -302,12 +302,10 @@ fn open_marked(file: &OpenFile, direction: Direction, mark: Mark) -> Result<Stri
         Direction::Write => libc::O_WRONLY,
     };
     let ino = file.order_identity().map(|id| id.ino);
-    // The members are checked as this file's own before a truncation is
-    // cut from them.
-    let mut striped =
-        StripedFile::open_members(manifest.clone(), mark.clone(), size.min(mark.extent), real.clone(), access, false, ino)?;
-    striped.extent = super::extent::settle_truncation(fd, &manifest, &mark, size, &real)?;
-    Ok(striped)
+    // A truncation is cut from the members (`settle_truncation`, by
+    // `stripe::open`) once they are checked as this file's own.
+    let extent = size.min(mark.extent);
+    StripedFile::open_members(manifest, mark, extent, real, access, false, ino)
 }
 
 impl StripedFile {

@@ -56,7 +56,8 @@ pub(crate) fn open(target: FileTarget<'_>, direction: Direction) -> Result<OpenF
         // caller's descriptor does not. The transfer fails with EBADF.
         return Ok(f);
     }
-    if let Some(striped) = file::attach(&f, direction)? {
+    if let Some(mut striped) = file::attach(&f, direction)? {
+        striped.settle_truncation(f.any_fd(), f.size()?)?;
         f.set_companion(striped);
     }
     Ok(f)
