@@ -439,12 +439,23 @@ impl StripedFile {
                 let why = format!(
                     "stripe member {index} of {} holds the bytes of another file (inode {owner}, not this \
                      placeholder's {mine}): this file is a copy of a striped file made with its extended attributes \
-                     (cp -a, shutil.copy2, rsync -X), which hold none of its bytes, or it was renamed and a new file \
-                     written at its old name {} took its member files over. Copy striped files with `deepnvme stripe cat`",
+                     (cp -a, shutil.copy2, rsync -X, DeepSpeed's copytree of offloaded tensors), which shares that \
+                     file's member files, or it was renamed and a new file written at its old name {} took its member \
+                     files over",
                     self.logical.display(),
                     self.mark.relpath.display()
                 );
-                Err(err(path, "checking stripe member", other(why)))
+                // A write would change the other file's bytes: refused. A
+                // read gives that file's bytes (DeepSpeed reads its
+                // checkpoint's copies so), said once.
+                if self.access != libc::O_RDONLY {
+                    return Err(err(path, "checking stripe member", other(format!("{why}; writing it would change that file"))));
+                }
+                crate::rt::log::info_once(
+                    &format!("stripe-shared-{}", self.logical.display()),
+                    &format!("{why}; reading that file's bytes (they change when it is written; copy striped files with `deepnvme stripe cat`)"),
+                );
+                Ok(())
             }
             Ok(_) => Ok(()),
             Err(e) => Err(err(path, "reading the owner tag of stripe member", e)),
