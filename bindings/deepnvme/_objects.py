@@ -19,16 +19,18 @@ the ctypes view that holds its buffer export, so a bytearray cannot be
 resized and an mmap cannot be closed under the I/O). ``copier`` is None for
 contiguous host memory (the core copies with memcpy) and otherwise an object
 with ``to_bounce(addr, n)`` and ``from_bounce(addr, n)``. ``extent`` is None
-for memory that cannot move while ``hold`` lives (a held buffer export, a
-numpy array), and for a torch tensor a callable answering where its bytes
+for memory that cannot move while ``hold`` lives (a held buffer export), and
+for a torch tensor or a numpy array a callable answering where its bytes
 are now, ``(ptr, nbytes)``: a tensor's storage can be swapped or resized
-while its op is in flight (``set_``, ``resize_``, ``.data =``), so the core
-copies a bounced read into it only at ``wait()``, after checking it has not
-moved (the compiled modules' glue does the same).
+while its op is in flight (``set_``, ``resize_``, ``.data =``), an array's
+too (``resize(..., refcheck=False)``), so the core copies a bounced read
+into it only at ``wait()``, after checking it has not moved (the compiled
+modules' glue does the same for tensors).
 """
 
 import collections
 import ctypes
+import re
 
 __all__ = ["Description", "describe", "locked_object"]
 
@@ -197,6 +199,40 @@ def _format_holds_objects(fmt):
     return "O" in plain
 
 
+class _ArrayExtent:
+    """Where an array's bytes are now (the core's Staging::current_extent)."""
+
+    __slots__ = ("array", "itemsize")
+
+    def __init__(self, array, itemsize):
+        self.array, self.itemsize = array, itemsize
+
+    def __call__(self):
+        try:
+            ai = self.array.__array_interface__
+            count = 1
+            for n in ai.get("shape", ()):
+                count *= n
+            return ai["data"][0] or 0, count * self.itemsize
+        except Exception:  # no longer an array interface
+            return 0, 0
+
+
+_TYPESTR = re.compile(r"^[<>|=]?([a-zA-Z])(\d+)")
+
+
+def _itemsize(obj, typestr, what):
+    """An item's bytes: the dtype's own answer, else the typestr's
+    (whose number counts characters, not bytes, for unicode)."""
+    size = getattr(getattr(obj, "dtype", None), "itemsize", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    m = _TYPESTR.match(typestr or "")
+    if not m:
+        raise TypeError(f"{what}: cannot tell the item size of array interface typestr {typestr!r}")
+    return int(m.group(2)) * (4 if m.group(1) == "U" else 1)
+
+
 def _describe_array(obj, ai, into, what):
     dtype = getattr(obj, "dtype", None)
     _refuse_references(obj, what, bool(getattr(dtype, "hasobject", False)) or _descr_holds_objects(ai.get("typestr"))
@@ -208,9 +244,13 @@ def _describe_array(obj, ai, into, what):
     if readonly and into:
         raise TypeError(f"{what}: cannot read into a read-only {type(obj).__name__} (its memory is not writable); "
                         "pass a writable array")
+    if into and "__ref" in ai:
+        # A numpy scalar describes a temporary copy of itself: bytes read
+        # there would be dropped.
+        raise TypeError(f"{what}: cannot read into a numpy scalar ({type(obj).__name__}: its bytes are a temporary "
+                        "copy); pass an array, e.g. arr[i:i + 1]")
     shape = tuple(ai.get("shape", ()))
-    typestr = ai["typestr"]
-    itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 1
+    itemsize = _itemsize(obj, ai.get("typestr"), what)
     count = 1
     for extent in shape:
         count *= extent
@@ -218,7 +258,10 @@ def _describe_array(obj, ai, into, what):
     contiguous = strides is None or count == 0 or tuple(strides) == _c_strides(shape, itemsize)
     dim0 = shape[0] if shape else 0
     copier = None if contiguous else _ArrayCopier(obj)
-    return Description(ptr or 0, count * itemsize, itemsize, dim0, "cpu", -1, contiguous, False, True, obj, copier, None)
+    # A scalar's temporary lives as long as its interface dict.
+    hold = (obj, ai) if "__ref" in ai else obj
+    extent = _ArrayExtent(obj, itemsize) if contiguous and "__ref" not in ai else None
+    return Description(ptr or 0, count * itemsize, itemsize, dim0, "cpu", -1, contiguous, False, True, hold, copier, extent)
 
 
 def _describe_buffer(obj, into, what):

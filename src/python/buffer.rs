@@ -166,10 +166,22 @@ impl Staging for PyStaging {
 }
 
 /// Where the bytes of the tensor held by a `_TensorExtent` are now: its
-/// storage's address plus its offset, and its bytes; (0, 0) when its
-/// storage is gone or cannot be asked.
+/// storage's address plus its offset, and its bytes; of the numpy array
+/// held by an `_ArrayExtent`: its array interface's data pointer and its
+/// items' bytes; (0, 0) when its memory is gone or cannot be asked.
 fn tensor_extent(extent: &Bound<'_, PyAny>) -> Option<(usize, usize)> {
     let answer = (|| -> PyResult<(usize, usize)> {
+        if let Ok(a) = extent.getattr("array") {
+            // ndarray's interface is a C getter: no Python code runs.
+            let ai = a.getattr("__array_interface__")?;
+            let ptr: usize = ai.get_item("data")?.get_item(0)?.extract()?;
+            let itemsize: usize = extent.getattr("itemsize")?.extract()?;
+            let mut count = 1usize;
+            for n in ai.get_item("shape")?.try_iter()? {
+                count = count.saturating_mul(n?.extract::<usize>()?);
+            }
+            return Ok((ptr, count.saturating_mul(itemsize)));
+        }
         let t = extent.getattr("tensor")?;
         let base: usize = t.call_method0("untyped_storage")?.call_method0("data_ptr")?.extract()?;
         let offset: usize = t.call_method0("storage_offset")?.extract()?;

@@ -133,3 +133,61 @@ def test_one_version_everywhere():
     assert deepnvme.__version__ == cargo
     assert deepnvme.native().__version__ == cargo
     assert importlib.metadata.version("deepnvme") == cargo
+
+
+@pytest.mark.parametrize("dtype", ["datetime64[ns]", "timedelta64[us]", "U2", "S3", "complex64"])
+def test_arrays_of_every_item_size_move_every_byte(tmp_path, dtype):
+    """The item size comes from the dtype: a typestr like '<U2' (2
+    characters, 8 bytes) or '<M8[ns]' used to give 2 and 1, and the op
+    moved a quarter or an eighth of the array, returning success."""
+    h = deepnvme.aio_handle()
+    raw = pattern(1000 * np.dtype(dtype).itemsize, 7)
+    a = np.frombuffer(raw, dtype=np.uint8).view(dtype).copy()
+    path = str(tmp_path / "a.bin")
+    assert h.sync_pwrite(a, path) == 1
+    with open(path, "rb") as f:
+        assert f.read() == raw
+    b = np.zeros_like(a)
+    assert h.sync_pread(b, path) == 1
+    assert b.tobytes() == raw
+
+
+def test_a_read_into_a_numpy_scalar_is_refused(tmp_path):
+    """A numpy scalar's array interface is a temporary copy: bytes read
+    there were dropped while the call returned success."""
+    h = deepnvme.aio_handle()
+    a = np.arange(4, dtype=np.float64)
+    path = str(tmp_path / "s.bin")
+    assert h.sync_pwrite(a, path) == 1
+    with pytest.raises(TypeError, match="numpy scalar"):
+        h.sync_pread(a[0], path)
+    with pytest.raises(TypeError, match="numpy scalar"):
+        deepnvme.aio_read(a[1], path, 4096, 4, False, False, False)
+    assert h.sync_pwrite(a[2], str(tmp_path / "one.bin")) == 1  # written from: fine
+    with open(tmp_path / "one.bin", "rb") as f:
+        assert f.read() == a[2].tobytes()
+
+
+def test_an_async_read_into_an_array_resized_under_it_fails_at_wait(tmp_path):
+    """`resize(..., refcheck=False)` moves or shrinks an array's memory while
+    a bounced read into it is pending: wait() reports it instead of copying
+    into memory the array no longer owns (that corrupted the heap)."""
+    path = str(tmp_path / "r.bin")
+    with open(path, "wb") as f:
+        f.write(pattern(4 << 20, 9))
+    proc = run_python(f"""
+        import numpy as np, deepnvme
+        h = deepnvme.aio_handle()
+        a = np.zeros(4 << 20, dtype=np.uint8)
+        assert h.async_pread(a, {path!r}) == 0
+        a.resize(64, refcheck=False)
+        try:
+            h.wait()
+            print("NO ERROR", flush=True)
+        except RuntimeError as e:
+            print("RAISED", e, flush=True)
+        b = np.zeros(4 << 20, dtype=np.uint8)
+        assert h.sync_pread(b, {path!r}) == 1
+        print("HANDLE OK", flush=True)
+    """, timeout=120)
+    assert proc.returncode == 0 and "RAISED" in proc.stdout and "HANDLE OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
