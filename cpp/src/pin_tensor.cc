@@ -70,7 +70,9 @@ torch::Tensor deepspeed_pin_tensor_t::alloc(const int64_t num_elem, const torch:
             base,
             {num_elem},
             [owner](void*) { (void)rust::Box<deepnvme::ffi::LockedMemory>::from_raw(owner); },
-            options.device(torch::kCPU).pinned_memory(false));
+            // Dense whatever the example's layout: a sparse one would make
+            // a sparse tensor over plain bytes (printing it crashed).
+            options.device(torch::kCPU).pinned_memory(false).layout(torch::kStrided));
     } catch (...) {
         (void)rust::Box<deepnvme::ffi::LockedMemory>::from_raw(owner);
         throw;

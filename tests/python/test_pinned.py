@@ -58,6 +58,19 @@ def test_pin_handle_buffer_recognized_by_aio_handle(pin_mod, handle):
     assert ph.free_cpu_locked_tensor(buf) is False
 
 
+def test_a_sparse_example_gives_a_dense_locked_tensor(pin_mod):
+    """pin_handle takes the example's options: a sparse example made a
+    sparse tensor over the locked bytes (the compiled front end), which could
+    not be freed and crashed when printed."""
+    ph = pin_mod.pin_handle()
+    example = torch.zeros(4, dtype=torch.float32).to_sparse()
+    buf = ph.new_cpu_locked_tensor(N, example)
+    assert buf.layout == torch.strided and buf.dtype == torch.float32 and buf.shape == (N,)
+    buf.fill_(2.0)
+    assert float(buf.sum()) == 2.0 * N and "tensor(" in repr(buf)
+    assert ph.free_cpu_locked_tensor(buf) is True
+
+
 def test_aio_handle_buffer_recognized_by_pin_handle(pin_mod, handle):
     ph = pin_mod.pin_handle()
     buf = handle.new_cpu_locked_tensor(N, torch.empty(0, dtype=torch.int64))
