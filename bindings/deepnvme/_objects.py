@@ -20,8 +20,8 @@ resized and an mmap cannot be closed under the I/O). ``copier`` is None for
 contiguous host memory (the core copies with memcpy) and otherwise an object
 with ``to_bounce(addr, n)`` and ``from_bounce(addr, n)``. ``extent`` is None
 for memory that cannot move while ``hold`` lives (a held buffer export), and
-for a torch tensor or a numpy array a callable answering where its bytes
-are now, ``(ptr, nbytes)``: a tensor's storage can be swapped or resized
+for a torch tensor or a numpy array an object naming it (``_TensorExtent``,
+``_ArrayExtent``), which the core asks where its bytes are now: a tensor's storage can be swapped or resized
 while its op is in flight (``set_``, ``resize_``, ``.data =``), an array's
 too (``resize(..., refcheck=False)``), so the core copies a bounced read
 into it only at ``wait()``, after checking it has not moved (the compiled
@@ -114,18 +114,13 @@ def _tensor_address(t):
 
 
 class _TensorExtent:
-    """Where a tensor's bytes are now (the core's Staging::current_extent)."""
+    """The tensor whose bytes' place the core asks at wait() (its
+    Staging::current_extent, through the tensor's C methods only)."""
 
     __slots__ = ("tensor",)
 
     def __init__(self, tensor):
         self.tensor = tensor
-
-    def __call__(self):
-        try:
-            return _tensor_address(self.tensor)
-        except (RuntimeError, NotImplementedError):  # the storage went away
-            return 0, 0
 
 
 def _describe_tensor(t):
@@ -200,22 +195,13 @@ def _format_holds_objects(fmt):
 
 
 class _ArrayExtent:
-    """Where an array's bytes are now (the core's Staging::current_extent)."""
+    """The array whose bytes' place the core asks at wait() (its
+    Staging::current_extent, through ndarray's C array interface)."""
 
     __slots__ = ("array", "itemsize")
 
     def __init__(self, array, itemsize):
         self.array, self.itemsize = array, itemsize
-
-    def __call__(self):
-        try:
-            ai = self.array.__array_interface__
-            count = 1
-            for n in ai.get("shape", ()):
-                count *= n
-            return ai["data"][0] or 0, count * self.itemsize
-        except Exception:  # no longer an array interface
-            return 0, 0
 
 
 _TYPESTR = re.compile(r"^[<>|=]?([a-zA-Z])(\d+)")

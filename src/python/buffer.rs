@@ -144,7 +144,7 @@ impl Staging for PyStaging {
         // tensor, and be lost). If the question cannot be answered, say the
         // buffer moved: the op then fails instead of copying into memory it
         // cannot vouch for.
-        let now = Python::try_attach(|py| tensor_extent(extent.bind(py)));
+        let now = Python::try_attach(|py| held_extent(extent.bind(py)));
         Some(now.flatten().unwrap_or((0, 0)))
     }
 
@@ -169,7 +169,7 @@ impl Staging for PyStaging {
 /// storage's address plus its offset, and its bytes; of the numpy array
 /// held by an `_ArrayExtent`: its array interface's data pointer and its
 /// items' bytes; (0, 0) when its memory is gone or cannot be asked.
-fn tensor_extent(extent: &Bound<'_, PyAny>) -> Option<(usize, usize)> {
+fn held_extent(extent: &Bound<'_, PyAny>) -> Option<(usize, usize)> {
     let answer = (|| -> PyResult<(usize, usize)> {
         if let Ok(a) = extent.getattr("array") {
             // ndarray's interface is a C getter: no Python code runs.

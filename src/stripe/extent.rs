@@ -31,18 +31,22 @@ fn cut_to_truncated_size(placeholder: RawFd, manifest: &Manifest, mark: &Mark, s
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
             Err(e) => return Err(err(&path, "opening stripe member to cut it to its truncated size", e)),
         };
-        let cut = match fd_size(fd) {
-            Ok(now) if now > keep => truncate(fd, keep),
-            Ok(_) => Ok(()),
-            Err(e) => Err(e),
-        };
+        let cut = cut_member(fd, keep, &path);
         // SAFETY: closes the descriptor opened above.
         unsafe { libc::close(fd) };
-        cut.map_err(|e| err(&path, "cutting stripe member to its file's truncated size", e))?;
+        cut?;
     }
     let mark = Mark { extent: size, ..mark.clone() };
     mark::write(placeholder, &mark).map_err(|e| err(logical, "marking stripe placeholder", e))?;
     Ok(size)
+}
+
+/// Cuts the member file open on `fd` to `keep` bytes where it is longer.
+fn cut_member(fd: RawFd, keep: u64, path: &Path) -> Result<()> {
+    if fd_size(fd).map_err(|e| err(path, "fstat of", e))? > keep {
+        truncate(fd, keep).map_err(|e| err(path, "cutting stripe member to its file's extent", e))?;
+    }
+    Ok(())
 }
 
 impl StripedFile {
@@ -124,11 +128,7 @@ impl StripedFile {
         // Member bytes past the extent are stale (a truncation cut while a
         // write was still landing): they must read as zeros once it grows.
         for (i, m) in self.members.iter().enumerate() {
-            let fd = m.direct_fd.or(m.buffered_fd).unwrap_or(-1);
-            let keep = self.layout.member_size(i, extent);
-            if fd_size(fd).map_err(|e| err(&m.path, "fstat of", e))? > keep {
-                truncate(fd, keep).map_err(|e| err(&m.path, "truncating stripe member", e))?;
-            }
+            cut_member(m.direct_fd.or(m.buffered_fd).unwrap_or(-1), self.layout.member_size(i, extent), &m.path)?;
         }
         let own_end = offset.min(size);
         if own_end > extent {

@@ -53,8 +53,23 @@ impl Mark {
 /// file system keeps no user attributes); an unreadable mark is an error.
 pub fn read(fd: RawFd) -> io::Result<Option<Mark>> {
     let mut buf = [0u8; 4096];
+    let Some(n) = get_attr(fd, XATTR, &mut buf)? else { return Ok(None) };
+    Mark::parse(&buf[..n])
+        .map(Some)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "its stripe mark (user.deepnvme.stripe) is not one deepnvme wrote"))
+}
+
+/// Marks the file open on `fd`.
+pub fn write(fd: RawFd, mark: &Mark) -> io::Result<()> {
+    set_attr(fd, XATTR, &mark.format())
+}
+
+/// Attribute `name` (NUL-terminated) of the file open on `fd` into `buf`:
+/// its length, or `None` when the file has none or its file system keeps
+/// no user attributes.
+fn get_attr(fd: RawFd, name: &[u8], buf: &mut [u8]) -> io::Result<Option<usize>> {
     // SAFETY: fgetxattr writes at most `buf.len()` bytes into `buf`; the name is NUL-terminated.
-    let n = unsafe { libc::fgetxattr(fd, XATTR.as_ptr() as *const libc::c_char, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+    let n = unsafe { libc::fgetxattr(fd, name.as_ptr() as *const libc::c_char, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
     if n < 0 {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
@@ -62,17 +77,14 @@ pub fn read(fd: RawFd) -> io::Result<Option<Mark>> {
             _ => Err(e),
         };
     }
-    Mark::parse(&buf[..n as usize])
-        .map(Some)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "its stripe mark (user.deepnvme.stripe) is not one deepnvme wrote"))
+    Ok(Some(n as usize))
 }
 
-/// Marks the file open on `fd`.
-pub fn write(fd: RawFd, mark: &Mark) -> io::Result<()> {
-    let value = mark.format();
+/// Sets attribute `name` (NUL-terminated) of the file open on `fd`.
+fn set_attr(fd: RawFd, name: &[u8], value: &[u8]) -> io::Result<()> {
     // SAFETY: reads `value.len()` bytes of `value`; the name is NUL-terminated.
     let rc = unsafe {
-        libc::fsetxattr(fd, XATTR.as_ptr() as *const libc::c_char, value.as_ptr() as *const libc::c_void, value.len(), 0)
+        libc::fsetxattr(fd, name.as_ptr() as *const libc::c_char, value.as_ptr() as *const libc::c_void, value.len(), 0)
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());
@@ -92,18 +104,10 @@ const OWNER_XATTR: &[u8] = b"user.deepnvme.stripe.owner\0";
 /// inode `owner`. A file system without user attributes is not an error
 /// (its member files are then not checked).
 pub fn tag_owner(fd: RawFd, owner: u64) -> io::Result<()> {
-    let value = owner.to_string();
-    // SAFETY: reads `value.len()` bytes of `value`; the name is NUL-terminated.
-    let rc = unsafe {
-        libc::fsetxattr(fd, OWNER_XATTR.as_ptr() as *const libc::c_char, value.as_ptr() as *const libc::c_void, value.len(), 0)
-    };
-    if rc != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ENOTSUP) {
-            return Err(e);
-        }
+    match set_attr(fd, OWNER_XATTR, owner.to_string().as_bytes()) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => Ok(()),
+        done => done,
     }
-    Ok(())
 }
 
 /// The placeholder inode whose bytes the member file open on `fd` holds;
@@ -111,18 +115,8 @@ pub fn tag_owner(fd: RawFd, owner: u64) -> io::Result<()> {
 /// system without user attributes).
 pub fn owner(fd: RawFd) -> io::Result<Option<u64>> {
     let mut buf = [0u8; 32];
-    // SAFETY: fgetxattr writes at most `buf.len()` bytes into `buf`; the name is NUL-terminated.
-    let n = unsafe {
-        libc::fgetxattr(fd, OWNER_XATTR.as_ptr() as *const libc::c_char, buf.as_mut_ptr() as *mut libc::c_void, buf.len())
-    };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENODATA) | Some(libc::ENOTSUP) => Ok(None),
-            _ => Err(e),
-        };
-    }
-    std::str::from_utf8(&buf[..n as usize])
+    let Some(n) = get_attr(fd, OWNER_XATTR, &mut buf)? else { return Ok(None) };
+    std::str::from_utf8(&buf[..n])
         .ok()
         .and_then(|s| s.parse().ok())
         .map(Some)
