@@ -58,6 +58,9 @@
 //!   their O_DIRECT alignment.
 //! * [`stripe`]: stripe sets, one folder whose files keep their bytes on
 //!   several drives (a manifest in the folder, member files per drive).
+//! * `copy`: [`copy_file`], a copy by logical bytes, so that copies of a
+//!   stripe set's files (DeepSpeed's checkpoint copies of its swap files)
+//!   hold their bytes.
 //! * `op`: one transfer (`cpu_op_desc_t`): `op/mod.rs` the bounce decision
 //!   and lifecycle, `op/plan.rs` slice geometry, `op/checks.rs` checks and
 //!   validation, `op/work.rs` the shape the handle runs and what an op touches.
@@ -94,6 +97,7 @@
 mod bounce;
 mod buffer;
 mod config;
+mod copy;
 // The front ends' shared layer: a build without a front end (no `ffi`, no
 // `python`) calls none of it, and that is no defect.
 #[cfg_attr(not(any(feature = "ffi", feature = "python")), allow(dead_code))]
@@ -133,6 +137,7 @@ pub(crate) static FORK_PARTICIPANTS: rt::fork::Participants = rt::fork::Particip
 
 pub use buffer::{BufferDesc, IoBuffer, Location};
 pub use config::HandleConfig;
+pub use copy::copy_file;
 pub use engine::EngineKind;
 pub use error::{Direction, Error, Result, TransferError};
 pub use file::{dio_alignment, DioAlignment, FileTarget};

@@ -588,6 +588,69 @@ fn a_copied_or_taken_over_placeholder_refuses_instead_of_sharing_bytes() {
     assert_bytes_eq(&read("ckpt.tmp").unwrap(), &b, "the new file at the old name, after a write to the renamed one");
 }
 
+/// `deepnvme::copy_file`, what DeepSpeed's checkpoint copies of its swap
+/// files go through (and `stripe cp`): a copy of a striped file holds its
+/// logical bytes, out of the set (a plain file) and into it (striped, with
+/// member files of its own), and keeps them when the original is rewritten;
+/// a copy back over a placeholder (DeepSpeed's load) replaces its bytes
+/// whole, longer or shorter. The stripe mark is never copied.
+#[test]
+fn copies_by_logical_bytes_hold_them_in_and_out_of_the_set() {
+    let bed = Bed::new("stripe-copy", 2, 64 * KIB, false);
+    let h = common::handle_with(engines()[0], 256 * KIB, 8, false, true, 1);
+    let outside = TempDir::new("stripe-copy-out");
+    let read = |path: &Path, len: usize| {
+        let mut back = vec![0u8; len];
+        h.read_into(&mut back, FileTarget::Path(path), 0).unwrap();
+        back
+    };
+    let first = pattern(51, 3 * MIB + 777);
+    fs::create_dir_all(bed.file("swap")).unwrap();
+    h_write(&bed, "swap/opt.swp", &first);
+    let swap = bed.file("swap/opt.swp");
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&swap, fs::Permissions::from_mode(0o640)).unwrap();
+
+    let out = outside.path().join("opt.swp");
+    assert_eq!(deepnvme::copy_file(&swap, &out).unwrap(), first.len() as u64);
+    assert!(stripe::FileInfo::read(&out).unwrap().is_none(), "a copy out of the set is a plain file");
+    assert_bytes_eq(&fs::read(&out).unwrap(), &first, "the copy out of the set");
+    let (src_meta, out_meta) = (fs::metadata(&swap).unwrap(), fs::metadata(&out).unwrap());
+    assert_eq!(out_meta.permissions().mode() & 0o7777, 0o640, "the copy's mode");
+    assert_eq!(out_meta.modified().unwrap(), src_meta.modified().unwrap(), "the copy's modification time");
+
+    fs::create_dir_all(bed.file("ckpt")).unwrap();
+    let inside = bed.file("ckpt/opt.swp");
+    deepnvme::copy_file(&swap, &inside).unwrap();
+    let info = stripe::FileInfo::read(&inside).unwrap().expect("a copy into the set is striped");
+    assert!(info.problems.is_empty(), "{:?}", info.problems);
+    assert!(!holds_data(&inside), "the copy in the set is a placeholder");
+    assert_bytes_eq(&bed.logical("ckpt/opt.swp"), &first, "the copy in the set, from its own member files");
+
+    // Training rewrites the swap file: neither copy changes.
+    let second = pattern(52, 4 * MIB);
+    h_write(&bed, "swap/opt.swp", &second);
+    assert_bytes_eq(&fs::read(&out).unwrap(), &first, "the copy out of the set after a rewrite");
+    assert_bytes_eq(&bed.logical("ckpt/opt.swp"), &first, "the copy in the set after a rewrite");
+    assert_bytes_eq(&read(&inside, first.len()), &first, "the copy in the set, read through the handle");
+
+    // Loading: each copy back over the (longer) swap file gives its bytes, whole.
+    for from in [&out, &inside] {
+        h_write(&bed, "swap/opt.swp", &second);
+        deepnvme::copy_file(from, &swap).unwrap();
+        assert_eq!(fs::metadata(&swap).unwrap().len(), first.len() as u64, "the loaded file's size");
+        assert_bytes_eq(&bed.logical("swap/opt.swp"), &first, &format!("loaded from {}", from.display()));
+        assert_bytes_eq(&read(&swap, first.len()), &first, "loaded, read through the handle");
+        h.write_from(&second[..MIB], FileTarget::Path(&swap), 0).expect("a write to the loaded file");
+    }
+    assert_bytes_eq(&bed.logical("ckpt/opt.swp"), &first, "the copy in the set after loading from it");
+
+    let e = deepnvme::copy_file(&swap, &swap).expect_err("a copy onto itself").to_string();
+    assert!(e.contains("same file"), "{e}");
+    let e = deepnvme::copy_file(&bed.file("swap/none"), &out).expect_err("a missing source").to_string();
+    assert!(e.contains("swap/none") && e.contains("errno 2"), "{e}");
+}
+
 // ------------------------------------------------------ stripe create --
 
 /// `stripe create` refuses every layout in which two sets, or a set and

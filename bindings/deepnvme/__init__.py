@@ -32,6 +32,11 @@ which then runs on deepnvme's pinned manager): see ``provided_ops()``.
 Third-party C++ can share the manager through ``include_dir()`` and
 ``library_dir()`` (link ``libraries()``).
 
+``deepnvme.copy2`` and ``deepnvme.copytree`` are shutil's, except that a
+stripe set's file is copied by its bytes (a byte copy of one holds none of
+them); with DeepSpeed imported, ``shutil.copytree`` is deepnvme's, so the
+engine's checkpoint copies of NVMe swap files hold their bytes.
+
 ``deepnvme.frontend`` is the pyo3 front end: the same API from ``_native``
 alone (no compiled torch extension; any torch, numpy arrays, buffers). The
 only front end of a wheel-only install, and DeepSpeed's choice when the
@@ -49,10 +54,12 @@ import sys
 
 # DeepSpeed's op API, served at the top level by the pyo3 front end.
 FRONTEND_API = ("aio_handle", "pin_handle", "gds_handle", "aio_read", "aio_write", "deepspeed_memcpy")
+# Copies of stripe set files by their bytes (_copy.py), imported on first use.
+COPY_API = ("copy2", "copytree")
 
 __all__ = [
     "DeepNVMeWarning", "OPS", "FRONTEND_ENV", "choose_frontend", "load_op", "op_unavailable_reason", "native", "stats",
-    "provided_ops", "include_dir", "library_dir", "libraries", *FRONTEND_API,
+    "provided_ops", "include_dir", "library_dir", "libraries", *COPY_API, *FRONTEND_API,
 ]
 
 OPS = ("async_io", "pin_memory", "gds")
@@ -92,6 +99,10 @@ def __getattr__(name):
         value = getattr(importlib.import_module("deepnvme.frontend"), name)
         globals()[name] = value  # later lookups skip this function
         return value
+    if name in COPY_API:
+        value = getattr(importlib.import_module("deepnvme._copy"), name)
+        globals()[name] = value
+        return value
     if name == "__version__":
         globals()[name] = value = _version()
         return value
@@ -118,7 +129,7 @@ def _version():
 
 
 def __dir__():
-    return sorted(set(globals()) | set(FRONTEND_API))
+    return sorted(set(globals()) | set(FRONTEND_API) | set(COPY_API))
 
 
 def native():

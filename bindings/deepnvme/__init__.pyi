@@ -2,7 +2,8 @@
 # DeepSpeed's op API at the top level is deepnvme.frontend's (the pyo3 front
 # end), imported on first use. Checked by mypy's stubtest (tests/wheel-check.sh).
 from types import ModuleType
-from typing import Optional
+from os import PathLike
+from typing import Any, Callable, Iterable, Optional, Union
 
 from deepnvme._native import (
     _Stats,
@@ -15,15 +16,17 @@ from deepnvme._native import (
 )
 
 __version__: str
+_Path = Union[str, PathLike[str]]
 
 FRONTEND_API: tuple[str, ...]
+COPY_API: tuple[str, ...]
 OPS: tuple[str, ...]
 OPS_ENV: str
 FRONTEND_ENV: str
 FRONTENDS: tuple[str, ...]
 __all__ = [
     "DeepNVMeWarning", "OPS", "FRONTEND_ENV", "choose_frontend", "load_op", "op_unavailable_reason", "native", "stats",
-    "provided_ops", "include_dir", "library_dir", "libraries", "aio_handle", "pin_handle", "gds_handle", "aio_read",
+    "provided_ops", "include_dir", "library_dir", "libraries", "copy2", "copytree", "aio_handle", "pin_handle", "gds_handle", "aio_read",
     "aio_write", "deepspeed_memcpy",
 ]
 
@@ -38,6 +41,16 @@ def provided_ops(value: Optional[str] = None) -> tuple[str, ...]: ...
 def include_dir() -> str: ...
 def library_dir() -> str: ...
 def libraries() -> list[str]: ...
+def copy2(src: _Path, dst: _Path, *, follow_symlinks: bool = True) -> _Path: ...
+def copytree(
+    src: _Path,
+    dst: _Path,
+    symlinks: bool = False,
+    ignore: Optional[Callable[[Any, list[str]], Iterable[str]]] = None,
+    copy_function: Callable[..., object] = ...,
+    ignore_dangling_symlinks: bool = False,
+    dirs_exist_ok: bool = False,
+) -> _Path: ...
 def build_info() -> Optional[dict[str, object]]: ...
 def torch_abi() -> Optional[dict[str, object]]: ...
 def choose_frontend() -> tuple[str, str]: ...

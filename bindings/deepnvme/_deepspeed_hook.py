@@ -6,7 +6,10 @@ then arranges that every op builder class named ``async_io``,
 ``pin_memory`` or ``gds`` -- for whichever accelerator (cuda, cpu, ...) --
 gets a ``load()`` that returns deepnvme's module and an ``is_compatible()``
 that says whether it can run here (no libaio needed). It also marks those
-ops installed in ``deepspeed.git_version_info`` so ``ds_report`` shows them.
+ops installed in ``deepspeed.git_version_info`` so ``ds_report`` shows them,
+and when DeepSpeed's engine is imported makes ``shutil.copytree`` copy stripe
+set files by their bytes (the engine copies NVMe swap files into checkpoints
+with it; see _copy.py).
 
 No DeepSpeed file is edited; ``DEEPNVME_DEEPSPEED_HOOK=0`` turns this off.
 Nothing here imports torch or DeepSpeed by itself.
@@ -28,6 +31,7 @@ import warnings
 _BUILDER_MODULES = ("deepspeed.ops.op_builder.builder", "op_builder.builder")
 _VERSION_INFO_MODULE = "deepspeed.git_version_info"
 _ENV_REPORT_MODULE = "deepspeed.env_report"
+_ENGINE_MODULE = "deepspeed.runtime.engine"
 _installed = False
 _selected = None
 
@@ -161,6 +165,15 @@ def provider_note():
     return f"deepnvme (DEEPNVME_OPS={setting}): Rust core provides {ours}; DeepSpeed's C++ (JIT) provides {theirs}"
 
 
+def _patch_engine(module):
+    """The engine's save_checkpoint/load_checkpoint copy the optimizer's swap
+    files with shutil.copytree: make its copies of stripe set files hold
+    their bytes (deepnvme._copy)."""
+    from deepnvme import _copy
+
+    _copy.install_for_deepspeed()
+
+
 class _PatchingLoader(importlib.abc.Loader):
     """Runs the real loader, then a patch on the fresh module."""
 
@@ -192,6 +205,8 @@ class _Finder(importlib.abc.MetaPathFinder):
             patch = _patch_version_info
         elif fullname == _ENV_REPORT_MODULE:
             patch = _patch_env_report
+        elif fullname == _ENGINE_MODULE:
+            patch = _patch_engine
         else:
             return None
         for finder in sys.meta_path:

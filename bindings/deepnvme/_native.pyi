@@ -15,7 +15,7 @@ __all__ = [
     "__version__", "engine_name", "io_uring_unavailable_reason", "pinned_stats", "memlock_rlimit",
     "gds_unavailable_reason", "gds_environment", "stats", "aio_handle", "gds_handle", "pin_handle",
     "LockedMemory", "aio_read", "aio_write", "deepspeed_memcpy", "_flush_log",
-    "_last_admitted_seq",
+    "_last_admitted_seq", "copy_striped",
 ]
 
 @type_check_only
@@ -41,6 +41,7 @@ def gds_environment() -> str: ...
 def stats() -> _Stats: ...
 def _flush_log() -> None: ...
 def _last_admitted_seq() -> int: ...
+def copy_striped(src: _Path, dst: _Path) -> Optional[int]: ...
 
 @final
 class aio_handle:

@@ -99,6 +99,28 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     Ok(d)
 }
 
+/// `deepnvme.copy2`'s core: copies `src` to `dst` by logical bytes when
+/// either is a stripe set's placeholder (`deepnvme::copy_file`) and returns
+/// the bytes copied; None when neither is (any copy will do). The GIL is
+/// released while the bytes move.
+#[pyfunction]
+fn copy_striped(py: Python<'_>, src: std::path::PathBuf, dst: std::path::PathBuf) -> PyResult<Option<u64>> {
+    let copied = py.detach(|| {
+        if crate::copy::copy_needs_logical_bytes(&src, &dst)? {
+            crate::copy::copy_file(&src, &dst).map(Some)
+        } else {
+            Ok(None)
+        }
+    });
+    copied.map_err(|e| match &e {
+        // A file that cannot be opened or made is an OSError, as from shutil.
+        crate::error::Error::File { source, .. } => {
+            pyo3::exceptions::PyOSError::new_err((source.raw_os_error().unwrap_or(0), e.to_string()))
+        }
+        _ => buffer::py_err(e),
+    })
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -111,6 +133,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add_function(wrap_pyfunction!(_last_admitted_seq, m)?)?;
     m.add_function(wrap_pyfunction!(crate::rt::log_queue::flush_log, m)?)?;
+    m.add_function(wrap_pyfunction!(copy_striped, m)?)?;
     // The front end (DeepSpeed's Python API).
     m.add_class::<handle::AioHandle>()?;
     m.add_class::<handle::GdsHandle>()?;

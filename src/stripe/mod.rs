@@ -63,6 +63,17 @@ pub(crate) fn open(target: FileTarget<'_>, direction: Direction) -> Result<OpenF
     Ok(f)
 }
 
+/// Whether the file at `path` is a stripe set's placeholder (carries the
+/// mark); a file missing, or on a file system without user attributes, is
+/// not.
+pub(crate) fn is_placeholder(path: &std::path::Path) -> std::io::Result<bool> {
+    match mark::read_path(path) {
+        Ok(mark) => Ok(mark.is_some()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Whether the op's file is a stripe set's placeholder.
 pub(crate) fn is_striped(f: &OpenFile) -> bool {
     f.companion::<StripedFile>().is_some()

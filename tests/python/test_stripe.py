@@ -11,6 +11,10 @@ saying why, where root cannot make them).
   os.path.getsize);
 * FastPersist's FastFileWriter on a stripe set: the checkpoint's logical
   bytes equal a plain torch.save's;
+* DeepSpeed's checkpoint copies of its swap files (shutil.copytree, as
+  the engine calls it, once DeepSpeed is imported): copies out of and into
+  the set hold the bytes and keep them when the swap files are rewritten,
+  and copying them back restores the swap files;
 * a member failing while a write is in flight (its file made immutable):
   RuntimeError naming the member file and the errno, earlier bytes intact.
 
@@ -178,6 +182,66 @@ def test_fast_file_writer_checkpoint_on_a_stripe_set(stripe_set, new_handle, loc
     back = torch.empty(len(want), dtype=torch.uint8)
     assert h.sync_pread(back, path) == 1
     assert tbytes(back) == want
+
+
+def test_deepspeeds_checkpoint_copies_of_swap_files(stripe_set, new_handle, locked, tmp_path):
+    """save_checkpoint and load_checkpoint copy the optimizer's swap folder
+    with shutil.copytree (deepspeed/runtime/engine.py); importing DeepSpeed
+    makes that deepnvme's copytree. Copies out of the set are plain files of
+    the logical bytes; copies in it are striped files of their own; both
+    keep their bytes when training rewrites the swap files; copied back
+    over the swap files (dirs_exist_ok, as a load does), they restore them."""
+    import deepnvme
+    import deepspeed  # noqa: F401  (imports deepspeed.runtime.engine: the hook patches copytree)
+
+    if os.environ.get("DEEPNVME_DEEPSPEED_HOOK") == "0":
+        pytest.skip("DEEPNVME_DEEPSPEED_HOOK=0: DeepSpeed's copies are shutil's")
+    assert shutil.copytree is deepnvme.copytree
+    h = new_handle(block_size=MIB, queue_depth=32, single_submit=False, overlap_events=True, intra_op_parallelism=2)
+    swap = "opt/rank0"
+    shutil.rmtree(stripe_set.path(swap), ignore_errors=True)
+    os.makedirs(stripe_set.path(swap))
+    sizes = {"0_exp_avg.tensor.swp": 2 * MIB + 4096, "1_fp32.tensor.swp": 3 * MIB, "2_gradient.tensor.swp": MIB}
+
+    def write_all(seed):
+        for i, (name, n) in enumerate(sizes.items()):
+            t = locked(n)
+            t.copy_(torch.frombuffer(bytearray(pattern(n, seed + i)), dtype=torch.uint8))
+            assert h.sync_pwrite(t, stripe_set.path(f"{swap}/{name}")) == 1
+        return {name: pattern(n, seed + i) for i, (name, n) in enumerate(sizes.items())}
+
+    first = write_all(100)
+    skip_gradients = lambda _, names: [n for n in names if "gradient" in n]  # noqa: E731 (engine.py's ignore)
+    out = str(tmp_path / "ckpt/offloaded_tensors/rank0")
+    inside = stripe_set.path("ckpt/offloaded_tensors/rank0")
+    for dst in (out, inside):
+        shutil.copytree(stripe_set.path(swap), dst, ignore=skip_gradients, dirs_exist_ok=False)
+    write_all(200)  # training goes on
+    for name, want in first.items():
+        if "gradient" in name:
+            continue
+        got = open(os.path.join(out, name), "rb").read()
+        assert got == want, f"{name}: the copy out of the set does not hold the saved bytes"
+        assert not os.listxattr(os.path.join(out, name)), "a copy out of the set carries the stripe mark"
+        rel = f"ckpt/offloaded_tensors/rank0/{name}"
+        assert stripe_set.is_striped(rel) and stripe_set.logical(rel) == want, f"{rel}: not the saved bytes"
+    for src in (out, inside):
+        write_all(300)
+        shutil.copytree(src, stripe_set.path(swap), dirs_exist_ok=True)
+        for name, want in first.items():
+            if "gradient" in name:
+                continue
+            path = stripe_set.path(f"{swap}/{name}")
+            assert os.path.getsize(path) == len(want)
+            back = locked(len(want))
+            assert h.sync_pread(back, path) == 1
+            assert tbytes(back) == want, f"{name} loaded from {src}"
+            assert stripe_set.logical(f"{swap}/{name}") == want
+    # deepnvme.copy2 on its own: into a folder, plain files unchanged.
+    plain = tmp_path / "plain.bin"
+    plain.write_bytes(b"x" * 100)
+    assert deepnvme.copy2(str(plain), stripe_set.path("opt")) == stripe_set.path("opt/plain.bin")
+    assert open(stripe_set.path("opt/plain.bin"), "rb").read() == b"x" * 100
 
 
 FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10

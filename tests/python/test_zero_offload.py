@@ -147,6 +147,15 @@ def job_list(base, stripe=None):
         {"name": "nvme-stripe-save-fast", "env": fast,
          "argv": MODEL + ["--nvme-path", stripe.path("zero/swap-save"), "--writer", "fast", "--save-at", "3",
                           "--ckpt-dir", stripe.path("ckpt")] + knob_flags(*KNOBS[1])},
+    ] + [
+        # Save (the optimizer's swap files copied into the checkpoint), train
+        # on (rewriting them), then resume in a new engine (copied back): with
+        # the checkpoint out of the set, and in it.
+        {"name": f"nvme-stripe-{step}-{where}", "env": {},
+         "argv": MODEL + ["--nvme-path", stripe.path(f"zero/swap-{step}-{where}")] + knob_flags(*KNOBS[1])
+         + (["--save-at", "3", "--ckpt-dir", ckpt_dir] if step == "save" else ["--resume", ckpt_dir])}
+        for where, ckpt_dir in (("out", str(base / "ckpt-stripe-out")), ("in", stripe.path("ckpt-in")))
+        for step in ("save", "resume")
     ]))
 
 
@@ -309,6 +318,38 @@ def test_zero3_on_a_stripe_set_of_two_gives_the_unstriped_losses(reports, stripe
     for m in stripe.members:
         held = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(m, "zero")) for f in fs)
         assert held > 0, f"member {m} holds no swap bytes"
+
+
+@pytest.mark.parametrize("where", ["out", "in"])
+def test_a_checkpoint_of_striped_swap_files_resumes_after_training_on(reports, stripe, where):
+    """ZeRO-3 with its nvme_path on a stripe set saves a checkpoint after
+    step 3 (DeepSpeed's save_checkpoint copies the optimizer's swap files
+    into the checkpoint's offloaded_tensors with shutil.copytree), trains on
+    to step 6 (rewriting the swap files), and a new engine resumes from it
+    (load_checkpoint copies them back over its own). The resumed losses are
+    bit for bit those of the same save and resume unstriped, with the
+    checkpoint out of the set ("out": its copies must hold the bytes, not
+    zeros) and in it ("in": its copies must be files of their own, not
+    second names for the live swap files' member files)."""
+    needs_stripe(stripe)
+    saved = report(reports, f"nvme-stripe-save-{where}")
+    assert saved["losses"] == report(reports, "nvme-" + knob_id(KNOBS[1]))["losses"]
+    resumed = report(reports, f"nvme-stripe-resume-{where}")
+    reference = report(reports, "nvme-resume-torch")
+    assert resumed["first_step"] == 4
+    assert resumed["losses"] == reference["losses"], (resumed["losses"], reference["losses"])
+    base = reports["__base__"]
+    ckpt = str(base / "ckpt-stripe-out") if where == "out" else stripe.path("ckpt-in")
+    copies = [os.path.join(d, f) for d, _, fs in os.walk(ckpt) if "offloaded_tensors" in d for f in fs]
+    assert copies, f"the checkpoint in {ckpt} has no offloaded_tensors: DeepSpeed copied no swap files"
+    for path in copies:
+        if where == "in":
+            rel = os.path.relpath(path, stripe.root)
+            assert stripe.is_striped(rel) and not stripe.holds_data(rel), f"{rel}: not a striped placeholder"
+            assert all(os.path.exists(os.path.join(m, rel)) for m in stripe.members), \
+                f"{rel}: no member files of its own (a second name for a swap file's?)"
+        else:
+            assert not os.listxattr(path), f"{path}: a copy out of the set carries {os.listxattr(path)}"
 
 
 def tensors_of(obj, prefix=""):

@@ -11,7 +11,7 @@ pub use deepnvme::diag::{
 pub use deepnvme::gds::GdsLibrary;
 pub use deepnvme::stripe;
 pub use deepnvme::{
-    dio_alignment, Direction, EngineKind, Error, FileTarget, GdsError, HandleConfig, IoHandle, LockedBuffer,
+    copy_file, dio_alignment, Direction, EngineKind, Error, FileTarget, GdsError, HandleConfig, IoHandle, LockedBuffer,
 };
 
 /// True when `e` says the memory could not be locked (RLIMIT_MEMLOCK).

@@ -1,6 +1,6 @@
 //! `deepnvme stripe`: make, describe and remove stripe sets (one folder
-//! whose files keep their bytes on several drives), and stream a striped
-//! file's bytes out (`cat`).
+//! whose files keep their bytes on several drives), stream a striped
+//! file's bytes out (`cat`) and copy files by their bytes (`cp`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,9 +10,9 @@ use serde::Serialize;
 
 use crate::args::{fmt_size, fmt_size_approx, parse_positive_size_u64, CliError};
 use crate::bench::{path_str, print_json};
-use crate::core_api::{stripe, FileTarget, HandleConfig, IoHandle, LockedBuffer};
+use crate::core_api::{copy_file, stripe, FileTarget, HandleConfig, IoHandle, LockedBuffer};
 
-pub const ABOUT: &str = "Stripe one folder (an nvme_path) over several drives: create, inspect, remove, cat";
+pub const ABOUT: &str = "Stripe one folder (an nvme_path) over several drives: create, inspect, remove, cat, cp";
 
 pub const LONG_ABOUT: &str = "\
 Makes one folder (DeepSpeed's nvme_path) a stripe set over member folders on
@@ -27,7 +27,8 @@ pub const AFTER_HELP: &str = "\
 Example, two NVMe drives mounted at /mnt/nvme0 and /mnt/nvme1:
   deepnvme stripe create /local/nvme_swap /mnt/nvme0/stripe /mnt/nvme1/stripe
   deepnvme doctor --config ds_config.json     # its nvme_path: /local/nvme_swap
-  deepnvme stripe cat /local/nvme_swap/ckpt/model.pt > model.pt";
+  deepnvme stripe cat /local/nvme_swap/ckpt/model.pt > model.pt
+  deepnvme stripe cp /local/nvme_swap/ckpt/model.pt /backup/model.pt";
 
 #[derive(Args, Debug)]
 pub struct StripeArgs {
@@ -45,6 +46,8 @@ enum StripeCommand {
     Remove(RemoveArgs),
     /// Write a file's logical bytes to stdout (a striped file's, from its members)
     Cat(CatArgs),
+    /// Copy a file by its logical bytes (cp and rsync copy no bytes of a striped file)
+    Cp(CpArgs),
 }
 
 #[derive(Args, Debug)]
@@ -86,12 +89,21 @@ struct CatArgs {
     file: PathBuf,
 }
 
+#[derive(Args, Debug)]
+struct CpArgs {
+    /// The file to copy (striped or not)
+    source: PathBuf,
+    /// The copy: a file, or a folder to copy into (striped when in a stripe set)
+    dest: PathBuf,
+}
+
 pub fn main(args: StripeArgs) -> Result<(), CliError> {
     match args.command {
         StripeCommand::Create(a) => create(a),
         StripeCommand::Inspect(a) => inspect(a),
         StripeCommand::Remove(a) => remove(a),
         StripeCommand::Cat(a) => cat(a),
+        StripeCommand::Cp(a) => cp(a),
     }
 }
 
@@ -331,5 +343,14 @@ fn cat(a: CatArgs) -> Result<(), CliError> {
         offset += n as u64;
     }
     out.flush().map_err(|e| CliError::Failed(format!("writing to stdout: {e}")))?;
+    Ok(())
+}
+
+fn cp(a: CpArgs) -> Result<(), CliError> {
+    let dest = match (a.dest.is_dir(), a.source.file_name()) {
+        (true, Some(name)) => a.dest.join(name),
+        _ => a.dest,
+    };
+    copy_file(&a.source, &dest).map_err(|e| CliError::Failed(e.to_string()))?;
     Ok(())
 }

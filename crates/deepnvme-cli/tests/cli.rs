@@ -278,3 +278,34 @@ fn stripe_inspect_exits_1_when_a_member_has_a_problem() {
     let j = json_of(&dir.0, &["stripe", "inspect", "--json", "set"]);
     assert!(j["members"][1]["problem"].is_null(), "{j}");
 }
+
+/// `stripe cp` copies a striped file by its bytes: out of the set a plain
+/// file holding them, into the set a striped file of its own (with member
+/// files at its own path), into a folder by the source's name; `stripe
+/// cat` of each gives the same bytes, and a missing source exits non-zero
+/// naming it.
+#[test]
+fn stripe_cp_copies_a_striped_file_by_its_bytes() {
+    let dir = TempDir::new("stripe-cp");
+    for d in ["set", "m0", "m1", "out"] {
+        std::fs::create_dir_all(dir.0.join(d)).unwrap();
+    }
+    let o = run_in(&dir.0, &["stripe", "create", "--unit", "64K", "set", "m0", "m1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let data: Vec<u8> = (0..(300u32 << 10) + 5).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let h = deepnvme::IoHandle::new(deepnvme::HandleConfig::default()).unwrap();
+    h.write_from(&data, deepnvme::FileTarget::Path(&dir.0.join("set/a.swp")), 0).unwrap();
+    assert!(std::fs::read(dir.0.join("set/a.swp")).unwrap().iter().all(|&b| b == 0), "a.swp is not striped");
+    for (dest, file) in [("out/b.swp", "out/b.swp"), ("out", "out/a.swp"), ("set/c.swp", "set/c.swp")] {
+        let o = run_in(&dir.0, &["stripe", "cp", "set/a.swp", dest]);
+        assert!(o.status.success(), "cp to {dest}: {}", stderr(&o));
+        let o = run_in(&dir.0, &["stripe", "cat", file]);
+        assert!(o.status.success() && o.stdout == data, "{file}: {} bytes, {}", o.stdout.len(), stderr(&o));
+    }
+    assert_eq!(std::fs::read(dir.0.join("out/b.swp")).unwrap(), data, "the copy out of the set holds the bytes");
+    for m in ["m0", "m1"] {
+        assert!(dir.0.join(m).join("c.swp").exists(), "the copy in the set has no member file in {m}");
+    }
+    let o = run_in(&dir.0, &["stripe", "cp", "set/none", "out"]);
+    assert!(!o.status.success() && stderr(&o).contains("set/none"), "{}", stderr(&o));
+}
