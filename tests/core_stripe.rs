@@ -651,6 +651,71 @@ fn copies_by_logical_bytes_hold_them_in_and_out_of_the_set() {
     assert!(e.contains("swap/none") && e.contains("errno 2"), "{e}");
 }
 
+/// A copy moves 64 MiB at a time: a file of two chunks and an unaligned
+/// tail copies whole out of the set and into it, and a plain file copied
+/// into the set is striped (not a plain file on the set folder's disk).
+#[test]
+fn copies_of_several_chunks_and_plain_files_into_the_set() {
+    let bed = Bed::new("stripe-copy-big", 2, 64 * KIB, false);
+    let outside = TempDir::new("stripe-copy-big-out");
+    let data = pattern(61, 2 * 64 * MIB + 12345);
+    h_write(&bed, "big.swp", &data);
+    let out = outside.path().join("big.swp");
+    deepnvme::copy_file(&bed.file("big.swp"), &out).unwrap();
+    assert_bytes_eq(&fs::read(&out).unwrap(), &data, "a copy of several chunks out of the set");
+    deepnvme::copy_file(&out, &bed.file("big2.swp")).unwrap();
+    assert!(stripe::FileInfo::read(&bed.file("big2.swp")).unwrap().is_some(), "a plain file copied into the set is striped");
+    assert!(!holds_data(&bed.file("big2.swp")));
+    assert_bytes_eq(&bed.logical("big2.swp"), &data, "a copy of several chunks into the set");
+    let small = outside.path().join("small.json");
+    fs::write(&small, b"{\"step\": 3}").unwrap();
+    deepnvme::copy_file(&small, &bed.file("latest")).unwrap();
+    assert_eq!(bed.logical("latest"), b"{\"step\": 3}");
+    deepnvme::copy_file(&outside.path().join("empty"), &bed.file("e")).expect_err("a missing source");
+    fs::write(outside.path().join("empty"), b"").unwrap();
+    assert_eq!(deepnvme::copy_file(&outside.path().join("empty"), &bed.file("e")).unwrap(), 0);
+    assert_eq!(fs::metadata(bed.file("e")).unwrap().len(), 0);
+}
+
+/// A source whose bytes are not its own is refused before the destination
+/// is touched: a copy made with its attributes (`cp -a`; a checkpoint saved
+/// by an earlier deepnvme), a source with a member file missing, and a
+/// copy whose member files are the destination's (untagged members, as an
+/// older deepnvme left them: writing the destination would empty them
+/// before they are read).
+#[test]
+fn a_copy_from_a_source_without_bytes_of_its_own_is_refused_and_the_destination_kept() {
+    let bed = Bed::new("stripe-copy-refused", 2, 64 * KIB, false);
+    let outside = TempDir::new("stripe-copy-refused-out");
+    let (a, b) = (pattern(71, 2 * MIB), pattern(72, MIB));
+    h_write(&bed, "swap.swp", &a);
+    let kept = outside.path().join("kept.swp");
+    fs::write(&kept, &b).unwrap();
+
+    let attr_copy = bed.file("ckpt.swp");
+    File::create(&attr_copy).unwrap().set_len(a.len() as u64).unwrap();
+    copy_xattr(&bed.file("swap.swp"), &attr_copy, "user.deepnvme.stripe");
+    let e = deepnvme::copy_file(&attr_copy, &kept).expect_err("a copy made with its attributes").to_string();
+    assert!(e.contains("holds no bytes of its own") && e.contains("ckpt.swp"), "{e}");
+    assert_eq!(fs::read(&kept).unwrap(), b, "the destination after a refused copy");
+
+    h_write(&bed, "gone.swp", &a);
+    fs::remove_file(bed.members[1].join("gone.swp")).unwrap();
+    let e = deepnvme::copy_file(&bed.file("gone.swp"), &kept).expect_err("a member file missing").to_string();
+    assert!(e.contains("gone.swp") && e.contains("missing"), "{e}");
+    assert_eq!(fs::read(&kept).unwrap(), b, "the destination after a source with a member missing");
+
+    for m in &bed.members {
+        let f = std::ffi::CString::new(m.join("swap.swp").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path and attribute name.
+        let rc = unsafe { libc::removexattr(f.as_ptr(), c"user.deepnvme.stripe.owner".as_ptr()) };
+        assert_eq!(rc, 0, "removing the owner tag of {}", m.display());
+    }
+    let e = deepnvme::copy_file(&attr_copy, &bed.file("swap.swp")).expect_err("a copy onto its own members").to_string();
+    assert!(e.contains("would empty them"), "{e}");
+    assert_bytes_eq(&bed.logical("swap.swp"), &a, "the file whose members the copy shares");
+}
+
 // ------------------------------------------------------ stripe create --
 
 /// `stripe create` refuses every layout in which two sets, or a set and

@@ -14,31 +14,51 @@ module's ``copytree``, which differs from shutil's only for stripe set
 files. Nothing here imports torch.
 """
 
-import functools
 import os
 import shutil
 
 # shutil's own, taken before the hook replaces copytree.
 _shutil_copy2 = shutil.copy2
 _shutil_copytree = shutil.copytree
-_STRIPE_ATTRIBUTES = "user.deepnvme.stripe"  # the mark and the member owner tag (src/stripe/mark.rs)
+_STRIPE_MARK = "user.deepnvme.stripe"  # the placeholder's mark; member files' tags add ".owner" (src/stripe/mark.rs)
 
 
 def copy2(src, dst, *, follow_symlinks=True):
-    """``shutil.copy2``, except that a stripe set's file (``src``, or a
-    placeholder at ``dst``) is copied by its logical bytes: outside a set
-    the copy is a plain file, inside one a striped file with member files
-    of its own; the stripe mark is never copied. Mode, times and other
-    extended attributes are kept as copy2 keeps them. Returns ``dst``."""
-    if os.path.isdir(dst):
-        dst = os.path.join(dst, os.path.basename(src))
+    """``shutil.copy2``, except that a stripe set's file is copied by its
+    logical bytes: when ``src`` is a placeholder, or ``dst`` is one or lies
+    in a stripe set. Outside a set the copy is a plain file, inside one a
+    striped file with member files of its own; the stripe mark is never
+    copied. Mode, times and other extended attributes are kept as copy2
+    keeps them; errors are ``OSError`` naming the file (``SameFileError``
+    for a file onto itself). Returns ``dst``."""
+    target = os.path.join(dst, os.path.basename(src)) if os.path.isdir(dst) else dst
     if follow_symlinks or not os.path.islink(src):
+        native = _native_or_none(src, target)
+        if native is not None:
+            if os.path.exists(target) and os.path.samefile(src, target):
+                raise shutil.SameFileError(f"{src!r} and {target!r} are the same file")
+            if native.copy_striped(os.fsdecode(src), os.fsdecode(target)) is not None:
+                _copy_other_xattrs(src, target)
+                return target
+    return _shutil_copy2(src, dst, follow_symlinks=follow_symlinks)
+
+
+def _native_or_none(src, dst):
+    """The core's module; None where it does not load and neither file is
+    marked (then nothing striped is involved)."""
+    try:
         from deepnvme import native
 
-        if native().copy_striped(src, dst) is not None:
-            _copy_other_xattrs(src, dst)
-            return dst
-    return _shutil_copy2(src, dst, follow_symlinks=follow_symlinks)
+        return native()
+    except ImportError as error:
+        for path in (src, dst):
+            try:
+                os.getxattr(path, _STRIPE_MARK)
+            except OSError:
+                continue
+            raise OSError(f"{os.fsdecode(path)} is a stripe set's file, and deepnvme's core, which copies its "
+                          f"bytes, does not load: {error}") from error
+        return None
 
 
 def _copy_other_xattrs(src, dst):
@@ -49,7 +69,7 @@ def _copy_other_xattrs(src, dst):
     except OSError:
         return
     for name in names:
-        if name.startswith(_STRIPE_ATTRIBUTES):
+        if name.startswith(_STRIPE_MARK):
             continue
         try:
             os.setxattr(dst, name, os.getxattr(src, name))
@@ -57,11 +77,11 @@ def _copy_other_xattrs(src, dst):
             pass
 
 
-@functools.wraps(_shutil_copytree)
 def copytree(src, dst, symlinks=False, ignore=None, copy_function=_shutil_copy2, ignore_dangling_symlinks=False,
              dirs_exist_ok=False):
-    """``shutil.copytree`` whose default copy function is ``deepnvme.copy2``
-    (a copy function given is used as it is)."""
+    """``shutil.copytree``, with ``deepnvme.copy2`` in place of
+    ``shutil.copy2`` (the default copy function, or given); another copy
+    function is used as it is."""
     if copy_function is _shutil_copy2:
         copy_function = copy2
     return _shutil_copytree(src, dst, symlinks=symlinks, ignore=ignore, copy_function=copy_function,

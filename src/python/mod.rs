@@ -112,12 +112,16 @@ fn copy_striped(py: Python<'_>, src: std::path::PathBuf, dst: std::path::PathBuf
             Ok(None)
         }
     });
-    copied.map_err(|e| match &e {
-        // A file that cannot be opened or made is an OSError, as from shutil.
-        crate::error::Error::File { source, .. } => {
-            pyo3::exceptions::PyOSError::new_err((source.raw_os_error().unwrap_or(0), e.to_string()))
-        }
-        _ => buffer::py_err(e),
+    copied.map_err(|e| {
+        // An OSError, as shutil's copies raise (copytree gathers them into
+        // shutil.Error), with the errno where there is one.
+        let errno = match &e {
+            crate::error::Error::File { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            crate::error::Error::Transfer(t) => t.errno,
+            crate::error::Error::InvalidArgument(_) => libc::EINVAL,
+            _ => return buffer::py_err(e),
+        };
+        pyo3::exceptions::PyOSError::new_err((errno, e.to_string()))
     })
 }
 

@@ -334,6 +334,69 @@ fn file_info(path: &Path) -> Result<Option<FileInfo>, String> {
     Ok(Some(FileInfo { path: real, root: manifest.root.clone(), id: mark.id, layout, size, extent, members, problems }))
 }
 
+/// Whether `path` (a file that may not exist yet) is inside a stripe set:
+/// its folder or one above it holds a manifest.
+pub(crate) fn in_a_set(path: &Path) -> bool {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::canonicalize(dir).ok().and_then(|d| manifest::find_root(&d)).is_some()
+}
+
+/// Why the striped file `src` cannot be copied to `dst` (a real path, in a
+/// set or not): its member files are not its own (a copy made with its
+/// attributes, a file renamed and its members taken over: its bytes are
+/// another file's, or gone), or they are the member files `dst` would get
+/// (writing the copy would empty them before they are read). `Ok(())` for a
+/// plain file; an unreadable member is an error too.
+pub(crate) fn check_copy_source(src: &Path, dst: &Path) -> Result<(), String> {
+    let Some(info) = file_info(src)? else { return Ok(()) };
+    if let Some(problem) = info.problems.first() {
+        return Err(format!("{}: {problem}", info.path.display()));
+    }
+    let ino = std::fs::metadata(&info.path).map_err(|e| format!("{}: {e}", info.path.display()))?.ino();
+    for (i, (member, _, _)) in info.members.iter().enumerate() {
+        let f = std::fs::File::open(member).map_err(|e| format!("{}: {e}", member.display()))?;
+        use std::os::fd::AsRawFd;
+        match mark::owner(f.as_raw_fd()) {
+            Ok(Some(owner)) if owner != ino => {
+                return Err(format!(
+                    "{} holds no bytes of its own: its stripe member {i} {} holds another file's (inode {owner}). It \
+                     is a copy of a striped file made with its extended attributes (cp -a, rsync -X, shutil.copy2, \
+                     or a checkpoint's offloaded_tensors saved by an earlier deepnvme), or \
+                     it was renamed and a file written at its old name took its member files over; its own bytes \
+                     are not there to copy",
+                    info.path.display(),
+                    member.display()
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("{}: reading its owner tag: {e}", member.display())),
+        }
+    }
+    let dst_dir = dst.parent().unwrap_or(Path::new("/"));
+    if let (Ok(dir), Some(name)) = (std::fs::canonicalize(dst_dir), dst.file_name()) {
+        if let Some(root) = manifest::find_root(&dir) {
+            if root == info.root {
+                let would_be = info.members.first().map(|(p, _, _)| p.clone());
+                let rel = dir.join(name);
+                let rel = rel.strip_prefix(&root).unwrap_or(&rel);
+                let manifest = manifest_of(&root)?;
+                if would_be.as_deref() == manifest.members.first().map(|m| m.join(rel)).as_deref() {
+                    return Err(format!(
+                        "{} keeps its bytes in the member files of {} (it is a copy or a renamed file): copying it \
+                         there would empty them before they are read",
+                        info.path.display(),
+                        dst.display()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What `remove` did.
 #[derive(Clone, Debug, Default)]
 pub struct RemoveReport {

@@ -439,7 +439,7 @@ impl StripedFile {
                 let why = format!(
                     "stripe member {index} of {} holds the bytes of another file (inode {owner}, not this \
                      placeholder's {mine}): this file is a copy of a striped file made with its extended attributes \
-                     (cp -a, shutil.copy2, rsync -X, DeepSpeed's copytree of offloaded tensors), which shares that \
+                     (cp -a, shutil.copy2, rsync -X, or a checkpoint's offloaded tensors saved by an earlier deepnvme), which shares that \
                      file's member files, or it was renamed and a new file written at its old name {} took its member \
                      files over",
                     self.logical.display(),
@@ -453,7 +453,7 @@ impl StripedFile {
                 }
                 crate::rt::log::info_once(
                     &format!("stripe-shared-{}", self.logical.display()),
-                    &format!("{why}; reading that file's bytes (they change when it is written; copy striped files with `deepnvme stripe cat`)"),
+                    &format!("{why}; reading that file's bytes (they change when it is written; copy striped files with `deepnvme stripe cp` or `deepnvme.copy2`)"),
                 );
                 Ok(())
             }

@@ -36,6 +36,7 @@ mod mark;
 mod plan;
 
 pub use admin::{CreateOptions, FileInfo, MemberInfo, RemoveReport, SetInfo};
+pub(crate) use admin::{check_copy_source, in_a_set};
 pub use layout::Layout;
 pub use manifest::Manifest;
 

@@ -237,11 +237,23 @@ def test_deepspeeds_checkpoint_copies_of_swap_files(stripe_set, new_handle, lock
             assert h.sync_pread(back, path) == 1
             assert tbytes(back) == want, f"{name} loaded from {src}"
             assert stripe_set.logical(f"{swap}/{name}") == want
-    # deepnvme.copy2 on its own: into a folder, plain files unchanged.
+    # deepnvme.copy2 on its own: a plain file into a folder of the set is
+    # striped there (not a plain file on the set folder's own disk); bytes
+    # paths; a file onto itself; a copy out of the set of a plain file is
+    # shutil's.
     plain = tmp_path / "plain.bin"
     plain.write_bytes(b"x" * 100)
     assert deepnvme.copy2(str(plain), stripe_set.path("opt")) == stripe_set.path("opt/plain.bin")
-    assert open(stripe_set.path("opt/plain.bin"), "rb").read() == b"x" * 100
+    assert stripe_set.is_striped("opt/plain.bin") and stripe_set.logical("opt/plain.bin") == b"x" * 100
+    assert deepnvme.copy2(os.fsencode(stripe_set.path("opt/plain.bin")), os.fsencode(tmp_path / "b.bin"))
+    assert (tmp_path / "b.bin").read_bytes() == b"x" * 100 and not os.listxattr(tmp_path / "b.bin")
+    with pytest.raises(shutil.SameFileError):
+        deepnvme.copy2(stripe_set.path("opt/plain.bin"), stripe_set.path("opt/plain.bin"))
+    # A striped file without its member files: copytree gathers the OSError
+    # naming it into shutil.Error, as for any file it cannot copy.
+    os.remove(os.path.join(stripe_set.members[0], "opt/plain.bin"))
+    with pytest.raises(shutil.Error, match="plain.bin"):
+        shutil.copytree(stripe_set.path("opt"), str(tmp_path / "broken"), ignore=skip_gradients)
 
 
 FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10

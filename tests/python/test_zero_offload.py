@@ -338,6 +338,11 @@ def test_a_checkpoint_of_striped_swap_files_resumes_after_training_on(reports, s
     reference = report(reports, "nvme-resume-torch")
     assert resumed["first_step"] == 4
     assert resumed["losses"] == reference["losses"], (resumed["losses"], reference["losses"])
+    swap = stripe.path(f"zero/swap-resume-{where}")
+    swapped = [os.path.relpath(os.path.join(d, f), stripe.root) for d, _, fs in os.walk(swap) for f in fs]
+    assert swapped, f"the resumed engine has no swap files in {swap}"
+    plain = [rel for rel in swapped if not stripe.is_striped(rel)]
+    assert not plain, f"swap files of the resumed engine left unstriped on the set folder's own disk: {plain}"
     base = reports["__base__"]
     ckpt = str(base / "ckpt-stripe-out") if where == "out" else stripe.path("ckpt-in")
     copies = [os.path.join(d, f) for d, _, fs in os.walk(ckpt) if "offloaded_tensors" in d for f in fs]
