@@ -28,16 +28,18 @@ fn file_error(path: &Path, action: &'static str, source: std::io::Error) -> Erro
 }
 
 /// Whether a copy from `src` to `dst` needs [`copy_file`]: `src` is a
-/// stripe set's placeholder, or `dst` is one or lies in a set (a plain copy
-/// there would be a plain file on the set folder's own disk). A plain copy
-/// of plain files elsewhere may go any way. (The Python package's question.)
+/// stripe set's placeholder, or `dst` is one, or (`into_a_set`: DeepSpeed's
+/// load of its swap files, whose copies must stay on the drives) `dst`
+/// lies in a set. Any other copy may go any way: a plain file copied into a
+/// set by another program stays a plain file there, readable by anything.
+/// (The Python package's question.)
 #[cfg_attr(not(feature = "python"), allow(dead_code))]
-pub(crate) fn copy_needs_logical_bytes(src: &Path, dst: &Path) -> Result<bool> {
+pub(crate) fn copy_needs_logical_bytes(src: &Path, dst: &Path, into_a_set: bool) -> Result<bool> {
     let real = std::fs::canonicalize(src).map_err(|e| file_error(src, "resolve", e))?;
     if stripe::is_placeholder(&real).map_err(|e| file_error(&real, "read the stripe mark of", e))? {
         return Ok(true);
     }
-    if stripe::in_a_set(dst) {
+    if into_a_set && stripe::in_a_set(dst) {
         return Ok(true);
     }
     match std::fs::canonicalize(dst) {
@@ -95,6 +97,9 @@ pub fn copy_file(src: &Path, dst: &Path) -> Result<u64> {
     // under any RLIMIT_MEMLOCK.
     let mut locked = LockedBuffer::new(chunk).ok();
     let mut plain = if locked.is_none() { vec![0u8; chunk] } else { Vec::new() };
+    // The ops go by path (the handle opens them O_DIRECT and errors name
+    // them); the descriptors held here check that the paths still name
+    // the same files when the copy ends.
     let mut copy = None;
     let mut offset = 0u64;
     loop {
@@ -104,26 +109,54 @@ pub fn copy_file(src: &Path, dst: &Path) -> Result<u64> {
             None => &mut plain[..n],
         };
         if n > 0 {
-            handle.read_into(buf, FileTarget::Fd(source.as_raw_fd()), offset)?;
+            handle.read_into(buf, FileTarget::Path(&src_real), offset)?;
         }
         // The destination is made once the source has given its first bytes.
-        let dest: &std::fs::File = match &copy {
-            Some(f) => f,
-            None => copy.insert(new_destination(&dst_path)?),
-        };
+        if copy.is_none() {
+            copy = Some(new_destination(&dst_path)?);
+        }
         if n == 0 {
             break;
         }
-        handle.write_from(buf, FileTarget::Fd(dest.as_raw_fd()), offset)?;
+        handle.write_from(buf, FileTarget::Path(&dst_path), offset)?;
         offset += n as u64;
         if offset >= size {
             break;
         }
     }
-    if let Some(dest) = &copy {
-        keep_mode_and_times(dest, &dst_path, &meta)?;
+    let dest = match copy {
+        Some(d) => d,
+        None => new_destination(&dst_path)?,
+    };
+    same_file_still(&source, &src_real, "the source")?;
+    same_file_still(&dest, &dst_path, "the copy")?;
+    let now = source.metadata().map_err(|e| file_error(&src_real, "stat", e))?.len();
+    if now != size {
+        return Err(Error::File {
+            path: src_real,
+            action: "copy",
+            source: std::io::Error::other(format!(
+                "its size changed from {size} to {now} bytes during the copy: {} holds a mix",
+                dst_path.display()
+            )),
+        });
     }
+    keep_mode_and_times(&dest, &dst_path, &meta)?;
     Ok(size)
+}
+
+/// Whether `path` still names the file open as `held` (nothing renamed or
+/// replaced it while the copy went by path).
+fn same_file_still(held: &std::fs::File, path: &Path, what: &str) -> Result<()> {
+    let h = held.metadata().map_err(|e| file_error(path, "stat", e))?;
+    match std::fs::metadata(path) {
+        Ok(m) if m.dev() == h.dev() && m.ino() == h.ino() => Ok(()),
+        _ => Err(Error::File {
+            path: path.to_path_buf(),
+            action: "copy",
+            source: std::io::Error::other(format!("{what} was renamed or replaced during the copy")),
+        }),
+    }
 }
 
 /// Makes `dst` (a real or absolute path) an empty, unmarked file open for

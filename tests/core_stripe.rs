@@ -712,8 +712,18 @@ fn a_copy_from_a_source_without_bytes_of_its_own_is_refused_and_the_destination_
         assert_eq!(rc, 0, "removing the owner tag of {}", m.display());
     }
     let e = deepnvme::copy_file(&attr_copy, &bed.file("swap.swp")).expect_err("a copy onto its own members").to_string();
-    assert!(e.contains("would empty them"), "{e}");
+    assert!(e.contains("would empty") && e.contains("before it is read"), "{e}");
     assert_bytes_eq(&bed.logical("swap.swp"), &a, "the file whose members the copy shares");
+
+    // A copy onto one of the source's member files, reached by its member
+    // folder; and a member file copied back to its placeholder's path (a
+    // salvage): each would truncate what it reads.
+    let member = bed.members[0].join("swap.swp");
+    let e = deepnvme::copy_file(&bed.file("swap.swp"), &member).expect_err("a copy onto its own member").to_string();
+    assert!(e.contains("would empty"), "{e}");
+    let e = deepnvme::copy_file(&member, &bed.file("swap.swp")).expect_err("a member onto its placeholder").to_string();
+    assert!(e.contains("would empty"), "{e}");
+    assert_bytes_eq(&bed.logical("swap.swp"), &a, "the file after both refused copies");
 }
 
 // ------------------------------------------------------ stripe create --

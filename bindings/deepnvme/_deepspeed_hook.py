@@ -171,7 +171,7 @@ def _patch_engine(module):
     their bytes (deepnvme._copy)."""
     from deepnvme import _copy
 
-    _copy.install_for_deepspeed()
+    _copy.install_for_deepspeed(module)
 
 
 class _PatchingLoader(importlib.abc.Loader):

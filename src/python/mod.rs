@@ -100,13 +100,20 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
 }
 
 /// `deepnvme.copy2`'s core: copies `src` to `dst` by logical bytes when
-/// either is a stripe set's placeholder (`deepnvme::copy_file`) and returns
-/// the bytes copied; None when neither is (any copy will do). The GIL is
+/// `src` is a stripe set's placeholder, or `dst` is one, or `into_a_set`
+/// and `dst` lies in a set (`deepnvme::copy_file`), and returns the bytes
+/// copied; None when none of these holds (any copy will do). The GIL is
 /// released while the bytes move.
 #[pyfunction]
-fn copy_striped(py: Python<'_>, src: std::path::PathBuf, dst: std::path::PathBuf) -> PyResult<Option<u64>> {
+#[pyo3(signature = (src, dst, into_a_set=false))]
+fn copy_striped(
+    py: Python<'_>,
+    src: std::path::PathBuf,
+    dst: std::path::PathBuf,
+    into_a_set: bool,
+) -> PyResult<Option<u64>> {
     let copied = py.detach(|| {
-        if crate::copy::copy_needs_logical_bytes(&src, &dst)? {
+        if crate::copy::copy_needs_logical_bytes(&src, &dst, into_a_set)? {
             crate::copy::copy_file(&src, &dst).map(Some)
         } else {
             Ok(None)
@@ -116,10 +123,11 @@ fn copy_striped(py: Python<'_>, src: std::path::PathBuf, dst: std::path::PathBuf
         // An OSError, as shutil's copies raise (copytree gathers them into
         // shutil.Error), with the errno where there is one.
         let errno = match &e {
+            crate::error::Error::Interrupted(_) => return buffer::py_err(e),
             crate::error::Error::File { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             crate::error::Error::Transfer(t) => t.errno,
             crate::error::Error::InvalidArgument(_) => libc::EINVAL,
-            _ => return buffer::py_err(e),
+            _ => libc::EIO,
         };
         pyo3::exceptions::PyOSError::new_err((errno, e.to_string()))
     })

@@ -344,53 +344,61 @@ pub(crate) fn in_a_set(path: &Path) -> bool {
     std::fs::canonicalize(dir).ok().and_then(|d| manifest::find_root(&d)).is_some()
 }
 
-/// Why the striped file `src` cannot be copied to `dst` (a real path, in a
-/// set or not): its member files are not its own (a copy made with its
-/// attributes, a file renamed and its members taken over: its bytes are
-/// another file's, or gone), or they are the member files `dst` would get
-/// (writing the copy would empty them before they are read). `Ok(())` for a
-/// plain file; an unreadable member is an error too.
+/// Why `src` cannot be copied to `dst` (a real or absolute path, in a set
+/// or not), checked before the copy touches anything: a striped `src`
+/// whose member files are not its own (a copy made with its attributes, a
+/// file renamed and its members taken over: its bytes are another file's,
+/// or gone), or a file the copy would truncate (`dst`, or the member files
+/// `dst` would get in a set) that is `src` or one of its member files (by
+/// device and inode, so bind mounts and member folders reached directly
+/// count too). An unreadable member is an error too.
 pub(crate) fn check_copy_source(src: &Path, dst: &Path) -> Result<(), String> {
-    let Some(info) = file_info(src)? else { return Ok(()) };
-    if let Some(problem) = info.problems.first() {
-        return Err(format!("{}: {problem}", info.path.display()));
-    }
-    let ino = std::fs::metadata(&info.path).map_err(|e| format!("{}: {e}", info.path.display()))?.ino();
-    for (i, (member, _, _)) in info.members.iter().enumerate() {
-        let f = std::fs::File::open(member).map_err(|e| format!("{}: {e}", member.display()))?;
-        use std::os::fd::AsRawFd;
-        match mark::owner(f.as_raw_fd()) {
-            Ok(Some(owner)) if owner != ino => {
-                return Err(format!(
-                    "{} holds no bytes of its own: its stripe member {i} {} holds another file's (inode {owner}). It \
-                     is a copy of a striped file made with its extended attributes (cp -a, rsync -X, shutil.copy2, \
-                     or a checkpoint's offloaded_tensors saved by an earlier deepnvme), or \
-                     it was renamed and a file written at its old name took its member files over; its own bytes \
-                     are not there to copy",
-                    info.path.display(),
-                    member.display()
-                ))
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let mut read_from = vec![(src.to_path_buf(), id(src))];
+    if let Some(info) = file_info(src)? {
+        if let Some(problem) = info.problems.first() {
+            return Err(format!("{}: {problem}", info.path.display()));
+        }
+        let ino = std::fs::metadata(&info.path).map_err(|e| format!("{}: {e}", info.path.display()))?.ino();
+        for (i, (member, _, _)) in info.members.iter().enumerate() {
+            let f = std::fs::File::open(member).map_err(|e| format!("{}: {e}", member.display()))?;
+            use std::os::fd::AsRawFd;
+            match mark::owner(f.as_raw_fd()) {
+                Ok(Some(owner)) if owner != ino => {
+                    return Err(format!(
+                        "{} holds no bytes of its own: its stripe member {i} {} holds another file's (inode \
+                         {owner}). It is a copy of a striped file made with its extended attributes (cp -a, rsync -X, \
+                         shutil.copy2, or a checkpoint's offloaded_tensors saved by an earlier deepnvme), or it was \
+                         renamed and a file written at its old name took its member files over; its own bytes are \
+                         not there to copy",
+                        info.path.display(),
+                        member.display()
+                    ))
+                }
+                Ok(_) => read_from.push((member.clone(), id(member))),
+                Err(e) => return Err(format!("{}: reading its owner tag: {e}", member.display())),
             }
-            Ok(_) => {}
-            Err(e) => return Err(format!("{}: reading its owner tag: {e}", member.display())),
         }
     }
-    let dst_dir = dst.parent().unwrap_or(Path::new("/"));
-    if let (Ok(dir), Some(name)) = (std::fs::canonicalize(dst_dir), dst.file_name()) {
+    let mut truncated = vec![dst.to_path_buf()];
+    let dir = dst.parent().and_then(|d| std::fs::canonicalize(d).ok());
+    if let (Some(dir), Some(name)) = (dir, dst.file_name()) {
         if let Some(root) = manifest::find_root(&dir) {
-            if root == info.root {
-                let would_be = info.members.first().map(|(p, _, _)| p.clone());
-                let rel = dir.join(name);
-                let rel = rel.strip_prefix(&root).unwrap_or(&rel);
-                let manifest = manifest_of(&root)?;
-                if would_be.as_deref() == manifest.members.first().map(|m| m.join(rel)).as_deref() {
-                    return Err(format!(
-                        "{} keeps its bytes in the member files of {} (it is a copy or a renamed file): copying it \
-                         there would empty them before they are read",
-                        info.path.display(),
-                        dst.display()
-                    ));
-                }
+            let path = dir.join(name);
+            let rel = path.strip_prefix(&root).unwrap_or(&path);
+            truncated.extend(manifest_of(&root)?.members.iter().map(|m| m.join(rel)));
+        }
+    }
+    for t in &truncated {
+        if let Some(theirs) = id(t) {
+            if let Some((what, _)) = read_from.iter().find(|(_, mine)| *mine == Some(theirs)) {
+                return Err(format!(
+                    "copying {} to {} would empty {} (the same file as {}) before it is read",
+                    src.display(),
+                    dst.display(),
+                    t.display(),
+                    what.display()
+                ));
             }
         }
     }

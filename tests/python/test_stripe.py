@@ -237,13 +237,16 @@ def test_deepspeeds_checkpoint_copies_of_swap_files(stripe_set, new_handle, lock
             assert h.sync_pread(back, path) == 1
             assert tbytes(back) == want, f"{name} loaded from {src}"
             assert stripe_set.logical(f"{swap}/{name}") == want
-    # deepnvme.copy2 on its own: a plain file into a folder of the set is
-    # striped there (not a plain file on the set folder's own disk); bytes
-    # paths; a file onto itself; a copy out of the set of a plain file is
-    # shutil's.
+    # deepnvme.copy2 on its own: a plain file copied into the set stays a
+    # plain file (torch.load, cat and cp read it), except while DeepSpeed
+    # loads swap files (then it is striped: swap files stay on the drives);
+    # bytes paths; a file onto itself.
     plain = tmp_path / "plain.bin"
     plain.write_bytes(b"x" * 100)
     assert deepnvme.copy2(str(plain), stripe_set.path("opt")) == stripe_set.path("opt/plain.bin")
+    assert not stripe_set.is_striped("opt/plain.bin") and open(stripe_set.path("opt/plain.bin"), "rb").read() == b"x" * 100
+    with deepnvme._copy._loading():
+        assert deepnvme.copy2(str(plain), stripe_set.path("opt")) == stripe_set.path("opt/plain.bin")
     assert stripe_set.is_striped("opt/plain.bin") and stripe_set.logical("opt/plain.bin") == b"x" * 100
     assert deepnvme.copy2(os.fsencode(stripe_set.path("opt/plain.bin")), os.fsencode(tmp_path / "b.bin"))
     assert (tmp_path / "b.bin").read_bytes() == b"x" * 100 and not os.listxattr(tmp_path / "b.bin")
