@@ -69,6 +69,11 @@ pub fn copy_file(src: &Path, dst: &Path) -> Result<u64> {
     }
     let dst_path = match std::fs::canonicalize(dst) {
         Ok(real) => real,
+        // A link to a missing file would be written where the checks below
+        // do not look.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && dst.is_symlink() => {
+            return Err(file_error(dst, "copy to", std::io::Error::other("it is a symbolic link to a missing file")))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::path::absolute(dst).map_err(|e| file_error(dst, "resolve", e))?
         }

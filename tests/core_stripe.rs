@@ -724,6 +724,10 @@ fn a_copy_from_a_source_without_bytes_of_its_own_is_refused_and_the_destination_
     let e = deepnvme::copy_file(&member, &bed.file("swap.swp")).expect_err("a member onto its placeholder").to_string();
     assert!(e.contains("would empty"), "{e}");
     assert_bytes_eq(&bed.logical("swap.swp"), &a, "the file after both refused copies");
+    let link = bed.file("link.swp");
+    std::os::unix::fs::symlink(bed.file("nowhere.swp"), &link).unwrap();
+    let e = deepnvme::copy_file(&bed.file("swap.swp"), &link).expect_err("a link to a missing file").to_string();
+    assert!(e.contains("symbolic link to a missing file"), "{e}");
 }
 
 // ------------------------------------------------------ stripe create --
