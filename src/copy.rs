@@ -104,10 +104,11 @@ pub fn copy_file(src: &Path, dst: &Path) -> Result<u64> {
     let mut plain = if locked.is_none() { vec![0u8; chunk] } else { Vec::new() };
     // The ops go by path (the handle opens them O_DIRECT and errors name
     // them); the descriptors held here check that the paths still name
-    // the same files when the copy ends.
-    let mut copy = None;
+    // the same files when the copy ends. The destination is made once the
+    // source has given its first bytes.
+    let mut made = None;
     let mut offset = 0u64;
-    loop {
+    let dest = loop {
         let n = usize::try_from(size - offset).unwrap_or(chunk).min(chunk);
         let buf: &mut [u8] = match &mut locked {
             Some(b) => &mut b[..n],
@@ -116,22 +117,18 @@ pub fn copy_file(src: &Path, dst: &Path) -> Result<u64> {
         if n > 0 {
             handle.read_into(buf, FileTarget::Path(&src_real), offset)?;
         }
-        // The destination is made once the source has given its first bytes.
-        if copy.is_none() {
-            copy = Some(new_destination(&dst_path)?);
+        let dest = match made.take() {
+            Some(d) => d,
+            None => new_destination(&dst_path)?,
+        };
+        if n > 0 {
+            handle.write_from(buf, FileTarget::Path(&dst_path), offset)?;
+            offset += n as u64;
         }
-        if n == 0 {
-            break;
-        }
-        handle.write_from(buf, FileTarget::Path(&dst_path), offset)?;
-        offset += n as u64;
         if offset >= size {
-            break;
+            break dest;
         }
-    }
-    let dest = match copy {
-        Some(d) => d,
-        None => new_destination(&dst_path)?,
+        made = Some(dest);
     };
     same_file_still(&source, &src_real, "the source")?;
     same_file_still(&dest, &dst_path, "the copy")?;

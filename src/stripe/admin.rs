@@ -367,12 +367,10 @@ pub(crate) fn check_copy_source(src: &Path, dst: &Path) -> Result<(), String> {
                 Ok(Some(owner)) if owner != ino => {
                     return Err(format!(
                         "{} holds no bytes of its own: its stripe member {i} {} holds another file's (inode \
-                         {owner}). It is a copy of a striped file made with its extended attributes (cp -a, rsync -X, \
-                         shutil.copy2, or a checkpoint's offloaded_tensors saved by an earlier deepnvme), or it was \
-                         renamed and a file written at its old name took its member files over; its own bytes are \
-                         not there to copy",
+                         {owner}). It is {}; its own bytes are not there to copy",
                         info.path.display(),
-                        member.display()
+                        member.display(),
+                        mark::FOREIGN_MEMBERS_CAUSE
                     ))
                 }
                 Ok(_) => read_from.push((member.clone(), id(member))),

@@ -438,11 +438,9 @@ impl StripedFile {
             Ok(Some(owner)) if owner != mine => {
                 let why = format!(
                     "stripe member {index} of {} holds the bytes of another file (inode {owner}, not this \
-                     placeholder's {mine}): this file is a copy of a striped file made with its extended attributes \
-                     (cp -a, shutil.copy2, rsync -X, or a checkpoint's offloaded tensors saved by an earlier deepnvme), which shares that \
-                     file's member files, or it was renamed and a new file written at its old name {} took its member \
-                     files over",
+                     placeholder's {mine}): this file is {} (its old name: {})",
                     self.logical.display(),
+                    mark::FOREIGN_MEMBERS_CAUSE,
                     self.mark.relpath.display()
                 );
                 // A write would change the other file's bytes: refused. A

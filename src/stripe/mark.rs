@@ -92,6 +92,12 @@ fn set_attr(fd: RawFd, name: &[u8], value: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// How a placeholder comes to have member files that are another's: said
+/// by every message about it.
+pub const FOREIGN_MEMBERS_CAUSE: &str = "a copy of a striped file made with its extended attributes (cp -a, \
+     rsync -X, shutil.copy2, or a checkpoint's offloaded tensors saved by an earlier deepnvme), which shares that \
+     file's member files, or it was renamed and a new file written at its old name took its member files over";
+
 /// The attribute on each member file naming the placeholder (its inode)
 /// whose bytes it holds: a placeholder copied with its attributes (`cp -a`,
 /// `shutil.copy2`, `rsync -X`), or one renamed and then replaced by a new
